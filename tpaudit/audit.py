@@ -1,0 +1,127 @@
+"""The pipeline behind `tpaudit check`: source -> meta model + resolved plan -> shard map -> findings -> Report."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from . import __version__
+from .checks.registry import CheckContext, CheckOptions, run_checks
+from .model import Finding, ModelSource, ParamGroup, ReplicatedFamily, Report, ShardMap
+
+
+def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict[str, str] | None = None,
+                 architecture: str | None = None, trust_remote_code: bool = False,
+                 options: CheckOptions | None = None) -> Report:
+    """Simulate `source` at (tp_size, ep_size) with the installed transformers and run every check.
+
+    Args:
+        source (`ModelSource`): from `sources.open_source`.
+        tp_size (`int`): tensor-parallel size (ranks).
+        ep_size (`int`, *optional*, defaults to 1): expert-parallel size (1 or `tp_size` in transformers 5.23).
+        plan_override (`dict[str, str]`, *optional*): replaces the base model's `base_model_tp_plan` (`--plan`).
+        architecture (`str`, *optional*): model class; default `config.architectures[0]`.
+        trust_remote_code (`bool`, *optional*, defaults to `False`).
+        options (`CheckOptions`, *optional*): budgets (`--max-replicated`).
+
+    Returns:
+        `Report`.
+
+    Raises:
+        UnsupportedVersionError, ConfigError, PlanError, UsageError: see `build`, `plan`, `simulate`.
+    """
+    from ._compat import check_versions
+    from .build import build_model
+    from .plan import distributed_config, resolve_plan
+    from .simulate import simulate
+
+    versions = {"tpaudit": __version__, **check_versions()}
+    distributed_config(tp_size, ep_size)  # fail on bad sizes before building anything
+    built = build_model(source, plan_override=plan_override, architecture=architecture,
+                        trust_remote_code=trust_remote_code)
+    lm_head_names = _lm_head_names(built.model)
+    module_types = _module_types(built.model)
+    plan = resolve_plan(built, tp_size, ep_size, plan_override)
+    shard_map = simulate(built, plan)
+    ctx = CheckContext(source=source, config=built.config, architecture=built.architecture,
+                       text_prefix=built.text_prefix, plan_owner=built.plan_owner, lm_head_names=lm_head_names,
+                       plan=plan, shard_map=shard_map, mapping=built.mapping, quantization=built.quantization,
+                       module_types=module_types, options=options or CheckOptions())
+    findings = run_checks(ctx)
+    return build_report(source, built, plan, shard_map, findings, versions, ctx)
+
+
+def _lm_head_names(model) -> tuple[str, ...]:
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is None:
+        return ()
+    for name, module in model.named_modules():
+        if module is out:
+            return tuple(f"{name}.{leaf}" for leaf in module._parameters)
+    return ()
+
+
+def _module_types(model) -> dict[str, str]:
+    from .model import generic_name
+
+    return {generic_name(name): type(m).__name__ for name, m in model.named_modules() if name}
+
+
+def group_params(shard_map: ShardMap) -> tuple[ParamGroup, ...]:
+    """Group `shard_map.params` by generic name, in model order (tied copies carry 0 bytes)."""
+    buckets: OrderedDict[str, list] = OrderedDict()
+    for p in shard_map.params:
+        buckets.setdefault(p.generic_name, []).append(p)
+    world = shard_map.world_size
+    out = []
+    for generic, members in buckets.items():
+        first = members[0]
+        counted = [p for p in members if p.tied_to is None]
+        out.append(ParamGroup(
+            generic_name=generic, count=len(members), global_shape=first.global_shape, dtype=first.dtype,
+            style=first.style, rule=first.rule, placement=first.placement, sharding=first.sharding,
+            local_shape_rank0=first.local_shapes[0], local_shape_last=first.local_shapes[world - 1],
+            total_bytes=sum(p.global_bytes for p in counted),
+            rank_bytes=tuple(sum(p.rank_bytes(r) for p in counted) for r in range(world)),
+            module_type=first.module_type, origin=first.origin, tied_to=first.tied_to))
+    return tuple(out)
+
+
+def replicated_families(ctx: CheckContext, findings: list[Finding]) -> tuple[ReplicatedFamily, ...]:
+    """Families that no rule shards, largest first, with the severity of the finding that covers them."""
+    from .checks.coverage import _why, replicated_params, tower_root
+
+    severity = {f.target: f.severity for f in findings if f.kind == "replicated_weight"}
+    buckets: OrderedDict[str, list] = OrderedDict()
+    for p in replicated_params(ctx):
+        buckets.setdefault(p.generic_name, []).append(p)
+    out = []
+    for generic, members in buckets.items():
+        sev = severity.get(generic)
+        if sev is None and not ctx.in_decoder(members[0].name) and members[0].ndim >= 2:
+            sev = severity.get(f"{tower_root(ctx, members[0].name)}.*")
+        out.append(ReplicatedFamily(name=generic, count=len(members), bytes=sum(p.global_bytes for p in members),
+                                    reason=_why(members[0]), severity=sev))
+    return tuple(sorted(out, key=lambda f: (-f.bytes, f.name)))
+
+
+def build_report(source: ModelSource, built, plan, shard_map: ShardMap, findings: list[Finding],
+                 versions: dict[str, str], ctx: CheckContext, extra: dict | None = None) -> Report:
+    """Assemble the `Report` from the stages' outputs (no computation beyond grouping and totals)."""
+    tensors = source.tensors
+    model_info = {
+        "ref": source.ref, "kind": source.kind, "repo_id": source.repo_id, "revision": source.revision,
+        "commit": source.commit, "model_type": getattr(built.config, "model_type", None),
+        "architecture": built.architecture, "dtype": built.dtype, "config_only": source.config_only,
+        "checkpoint_tensor_count": len(tensors) if tensors is not None else None,
+        "checkpoint_bytes": source.checkpoint_bytes, "quantization": built.quantization,
+    }
+    plan_info = {
+        "text_prefix": plan.text_prefix, "plan_owner": plan.plan_owner or "config",
+        "tp_rules": plan.tp_rules, "ep_rules": plan.ep_rules, "override": plan.override,
+        "injected_rules": plan.injected_rules, "dropped_tp_rules": list(plan.dropped_tp_rules),
+        "loader_errors": list(plan.loader_errors),
+    }
+    unused = tuple(plan.unused_tp_rules) + tuple(plan.unused_ep_rules)
+    return Report(model=model_info, shard_map=shard_map, groups=group_params(shard_map),
+                  replicated=replicated_families(ctx, findings), unused_rules=unused, findings=tuple(findings),
+                  plan=plan_info, notes=tuple(built.notes), versions=versions, extra=extra or {})

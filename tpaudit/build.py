@@ -1,0 +1,389 @@
+"""Build the model on the meta device exactly as `from_pretrained` would, before any weight is read.
+
+The steps follow transformers 5.23 `PreTrainedModel.from_pretrained`:
+
+1. `AutoConfig.from_pretrained` on the model's `config.json` (remote code only with `trust_remote_code=True`).
+2. A `--plan` replaces `base_model_tp_plan` on the config that owns the base model's plan (the text config of a
+   composite model), as if it were written in its `configuration_*.py`.
+3. The pre-quantized quantizer (`AutoHfQuantizer.from_config`), its `update_dtype`; `validate_environment` is not
+   called, because it answers for this host (on a CPU it turns FP8 into BF16), not for the deployment being checked.
+4. `dtype="auto"` resolution (`modeling_utils._get_dtype`): the config's `dtype`, else the checkpoint's first floating
+   dtype; config-only inputs without one fall back to the text config's `dtype`, else float32 (said in the notes).
+5. The model class of `config.architectures[0]`, built under `cls.get_init_context(...)` (meta device, untied),
+   then `hf_quantizer.preprocess_model` (module replacement; the quantizer extends the TP/EP plans).
+6. The `_keep_in_fp32_modules(_strict)` dtype plan, then the checkpoint overlay (`mapping.map_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, PlanError
+from .mapping import CheckpointMapping
+from .model import ModelSource
+
+
+@dataclass
+class BuiltModel:
+    """The meta-device model and what it took to build it.
+
+    Attributes:
+        model (`PreTrainedModel`): on the meta device, untied, plans merged (`model.tp_plan`, `model.ep_plan`).
+        config (`PretrainedConfig`): the config it was built from (with the `--plan` override applied).
+        architecture (`str`): the model class name.
+        dtype (`str`): the load dtype (`"bfloat16"`).
+        text_prefix (`str`): module path of the base model that owns the plan (`"model.language_model"`, `"model"`).
+        plan_owner (`str`): attribute path of the config that owns the base model's plan (`"text_config"` or `""`).
+        quantization (`dict`, *optional*): `{"method", "quantizer", "ran", "dequantize", "reason"}` when quantized.
+        mapping (`CheckpointMapping`, *optional*): `None` for a config-only source.
+        notes (`list[str]`): facts the report repeats.
+    """
+
+    model: Any
+    config: Any
+    architecture: str
+    dtype: str
+    text_prefix: str
+    plan_owner: str
+    quantization: dict | None = None
+    mapping: CheckpointMapping | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_plan_file(path: str) -> dict[str, str]:
+    """Read a `--plan` file: a JSON object of glob rule key -> style name.
+
+    Raises:
+        PlanError: not readable, not a JSON object of strings, or a style transformers does not register.
+    """
+    from ._compat import style_names
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except OSError as e:
+        raise PlanError(f"cannot read --plan {path}: {e.strerror or e}. Check the path", path=path) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PlanError(f"--plan {path} is not valid JSON: {e}. Write a JSON object of rule -> style", path=path) \
+            from None
+    if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+        raise PlanError(f"--plan {path} must be a JSON object of rule -> style strings, e.g. "
+                        '{"layers.*.self_attn.q_proj": "colwise"}', path=path)
+    validate_plan(plan, origin=f"--plan {path}")
+    return plan
+
+
+def validate_plan(plan: dict[str, str], origin: str = "plan") -> None:
+    """Raise `PlanError` for a style name the installed transformers does not register, or an empty rule key."""
+    from ._compat import style_names
+
+    known = set(style_names())
+    for key, style in plan.items():
+        if not key or key != key.strip() or key.startswith(".") or key.endswith("."):
+            raise PlanError(f"{origin}: rule key {key!r} is not a module or parameter path such as "
+                            "'layers.*.self_attn.q_proj'")
+        if style not in known:
+            import difflib
+
+            close = difflib.get_close_matches(style, sorted(known), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise PlanError(f"{origin}: rule '{key}' has style '{style}', which transformers does not register.{hint} "
+                            f"Known styles: {', '.join(sorted(known))}")
+
+
+def _config_dir(source: ModelSource, stack) -> str:
+    if source.config_dir and os.path.isfile(os.path.join(source.config_dir, "config.json")):
+        return source.config_dir
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tpaudit-config-"))
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(source.config, f)
+    return tmp
+
+
+def load_config(source: ModelSource, *, trust_remote_code: bool = False):
+    """`AutoConfig.from_pretrained` on the source's `config.json`.
+
+    Raises:
+        ConfigError: transformers cannot build a config from it (unknown `model_type`, remote code needed, bad value).
+    """
+    import contextlib
+
+    from transformers import AutoConfig
+
+    model_type = source.config.get("model_type")
+    if not model_type and "auto_map" not in source.config:
+        raise ConfigError(f"{source.config_path or source.ref} has no model_type. A transformers config.json names "
+                          "its model_type; re-save it with save_pretrained", path=source.config_path)
+    with contextlib.ExitStack() as stack:
+        directory = _config_dir(source, stack)
+        try:
+            return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
+        except ValueError as e:
+            text = str(e)
+            if "trust_remote_code" in text or "auto_map" in source.config and not trust_remote_code:
+                raise ConfigError(
+                    f"model type {model_type!r} needs the repo's own code, which tpaudit never runs unless asked. "
+                    "Pass --trust-remote-code if you trust the repo", path=source.config_path) from None
+            if "Unrecognized" in text or "model_type" in text or "does not recognize" in text:
+                from ._compat import installed_version
+
+                raise ConfigError(
+                    f"transformers {installed_version('transformers')} does not know model type {model_type!r}. "
+                    "Upgrade transformers, or pass --trust-remote-code if the repo ships its modeling code",
+                    path=source.config_path) from None
+            raise ConfigError(f"transformers cannot read {source.config_path or source.ref}: {_first_line(text)}. Fix "
+                              "the config", path=source.config_path) from None
+        except (TypeError, KeyError, AttributeError, OSError) as e:
+            raise ConfigError(f"transformers cannot read {source.config_path or source.ref}: "
+                              f"{type(e).__name__}: {_first_line(str(e))}. Fix the config",
+                              path=source.config_path) from None
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _plan_owner(config) -> tuple[Any, str]:
+    """The config that owns the base model's plan and its attribute path: the (decoder) text config of a composite
+    model, else the config itself. Source: transformers 5.23 `PretrainedConfig.get_text_config(decoder=True)`."""
+    try:
+        text = config.get_text_config(decoder=True)
+    except ValueError:
+        text = config
+    if text is config:
+        return config, ""
+    for name in getattr(config, "sub_configs", {}) or {}:
+        if getattr(config, name, None) is text:
+            return text, name
+    return text, "text_config"
+
+
+def _model_class(config, architecture: str | None, trust_remote_code: bool):
+    import transformers
+
+    name = architecture or (config.architectures or [None])[0]
+    if name and hasattr(transformers, name):
+        return getattr(transformers, name)
+    auto_map = getattr(config, "auto_map", None) or {}
+    if name and trust_remote_code and auto_map:
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        for ref in auto_map.values():
+            if isinstance(ref, str) and ref.endswith("." + name):
+                return get_class_from_dynamic_module(ref, config._name_or_path)
+    if architecture:
+        raise ConfigError(f"--architecture {architecture} is not a transformers model class. Pass a class name such "
+                          "as Qwen3VLMoeForConditionalGeneration")
+    from transformers.models.auto import modeling_auto as auto
+
+    for mapping in (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+                    auto.MODEL_MAPPING_NAMES):
+        cls_name = mapping.get(config.model_type)
+        if cls_name and hasattr(transformers, cls_name):
+            return getattr(transformers, cls_name)
+    raise ConfigError(f"no transformers model class for model type {config.model_type!r} "
+                      f"(architectures: {config.architectures}). Pass --architecture CLASS")
+
+
+def _resolve_dtype(config, source: ModelSource, notes: list[str]):
+    """`dtype="auto"` as `modeling_utils._get_dtype` resolves it."""
+    import torch
+
+    from ._compat import str_to_torch_dtype
+
+    dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if dtype is not None:
+        return dtype
+    if source.tensors:
+        for t in source.tensors:  # `get_state_dict_dtype`: the first floating dtype, float8 excluded
+            d = str_to_torch_dtype(t.dtype)
+            if d.is_floating_point and "float8" not in str(d) and "float4" not in str(d):
+                return d
+        return str_to_torch_dtype(source.tensors[0].dtype)
+    text = getattr(config.get_text_config(decoder=True), "dtype", None) if hasattr(config, "get_text_config") else None
+    if isinstance(text, str):
+        text = getattr(torch, text, None)
+    if text is not None:
+        notes.append(f"dtype: config.json sets no top-level dtype and there is no checkpoint; using the text "
+                     f"config's {str(text).removeprefix('torch.')}")
+        return text
+    notes.append("dtype: neither config.json nor a checkpoint gives a dtype; from_pretrained would use float32")
+    return torch.float32
+
+
+def _make_quantizer(config, notes: list[str]) -> tuple[Any, dict | None]:
+    qc = getattr(config, "quantization_config", None)
+    if qc is None and hasattr(config, "get_text_config"):
+        qc = getattr(config.get_text_config(decoder=True), "quantization_config", None)
+    if qc is None:
+        return None, None
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    qc_dict = qc if isinstance(qc, dict) else qc.to_dict()
+    method = str(qc_dict.get("quant_method"))
+    info = {"method": method, "quantizer": None, "ran": False, "dequantize": False, "reason": None}
+    try:
+        if not AutoHfQuantizer.supports_quant_method(qc_dict):
+            info["reason"] = f"transformers does not know quant_method {method!r}"
+            return None, info
+        quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
+    except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header
+        info["reason"] = f"{type(e).__name__}: {_first_line(str(e), 160)}"
+        return None, info
+    info["quantizer"] = type(quantizer).__name__
+    return quantizer, info
+
+
+def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = None,
+                architecture: str | None = None, trust_remote_code: bool = False) -> BuiltModel:
+    """Build `source`'s model on the meta device as `from_pretrained` does, and map its checkpoint onto it.
+
+    Args:
+        source (`ModelSource`): config and (optionally) checkpoint tensors.
+        plan_override (`dict[str, str]`, *optional*): rules that replace `base_model_tp_plan` of the config owning the
+            base model's plan; keys relative to that base model (`layers.*.self_attn.q_proj`).
+        architecture (`str`, *optional*): model class name; default `config.architectures[0]`.
+        trust_remote_code (`bool`, *optional*, defaults to `False`): allow the repo's own modeling code.
+
+    Returns:
+        `BuiltModel`.
+
+    Raises:
+        ConfigError: the config cannot be read or the model cannot be built from it.
+        PlanError: `plan_override` names an unknown style.
+    """
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.utils.generic import ContextManagers
+
+    from ._compat import quiet_libraries
+    from .mapping import map_checkpoint
+
+    notes: list[str] = list(source.notes)
+    if plan_override is not None:
+        validate_plan(plan_override)
+    with quiet_libraries():
+        config = load_config(source, trust_remote_code=trust_remote_code)
+        owner, owner_path = _plan_owner(config)
+        if plan_override is not None:
+            owner.base_model_tp_plan = dict(plan_override)
+        cls = _model_class(config, architecture, trust_remote_code)
+        quantizer, qinfo = _make_quantizer(config, notes)
+        dtype = _resolve_dtype(config, source, notes)
+        if quantizer is not None:
+            dtype = quantizer.update_dtype(dtype)
+        config.dtype = dtype
+        for sub in getattr(config, "sub_configs", {}) or {}:
+            if (sub_config := getattr(config, sub, None)) is not None:
+                sub_config.dtype = dtype
+
+        model = _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers)
+        if qinfo is not None and quantizer is not None and not qinfo["ran"]:
+            quantizer = None
+            model = _instantiate(cls, config, dtype, None, None, ContextManagers)
+        if qinfo is not None:
+            qinfo["dequantize"] = bool(quantizer is not None and getattr(quantizer.quantization_config,
+                                                                          "dequantize", False))
+            _quantization_notes(qinfo, source, notes)
+
+        _apply_dtype_plan(model, dtype, torch)
+        mapping = None
+        if source.tensors is not None:
+            mapping = map_checkpoint(model, source.tensors, quantizer)
+            _mapping_notes(mapping, notes)
+
+    text_prefix = _text_prefix(model, owner, PreTrainedModel)
+    return BuiltModel(model=model, config=config, architecture=cls.__name__,
+                      dtype=str(dtype).removeprefix("torch."), text_prefix=text_prefix, plan_owner=owner_path,
+                      quantization=qinfo, mapping=mapping, notes=notes)
+
+
+def _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers):
+    import copy
+
+    config = copy.deepcopy(config) if quantizer is None and qinfo is None else config
+    try:
+        with ContextManagers(cls.get_init_context(dtype, quantizer is not None, False, None)):
+            model = cls(config)
+            if quantizer is not None:
+                try:
+                    quantizer.preprocess_model(model=model, dtype=dtype, device_map=None, checkpoint_files=None,
+                                               use_kernels=False)
+                    qinfo["ran"] = True
+                except Exception as e:  # noqa: BLE001 - a quantizer that cannot run here: fall back, say so
+                    qinfo["reason"] = f"{type(e).__name__}: {_first_line(str(e), 160)}"
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds on a bad config
+        raise ConfigError(f"transformers cannot build {cls.__name__} from this config: {type(e).__name__}: "
+                          f"{_first_line(str(e))}. Fix the config") from None
+    return model
+
+
+def _apply_dtype_plan(model, dtype, torch) -> None:
+    """Parameters the loader keeps in float32 (`_keep_in_fp32_modules(_strict)`, `PreTrainedModel._get_dtype_plan`,
+    matched as in `convert_and_load_state_dict_in_model`)."""
+    from transformers.core_model_loading import build_glob_alternation
+
+    dtype_plan = model._get_dtype_plan(dtype)
+    if not dtype_plan:
+        return
+    pattern, by_group, _ = build_glob_alternation(list(dtype_plan))
+    modules = dict(model.named_modules())
+    for name, param in list(model.named_parameters()):
+        match = pattern.search(name)
+        if match is None or not param.is_floating_point():
+            continue
+        target = dtype_plan[by_group[match.lastgroup]]
+        if param.dtype != target:
+            module_name, _, leaf = name.rpartition(".")
+            modules[module_name]._parameters[leaf] = torch.nn.Parameter(
+                torch.empty(param.shape, dtype=target, device="meta"), requires_grad=param.requires_grad)
+
+
+def _text_prefix(model, owner, PreTrainedModel) -> str:
+    """Module path of the base model whose config owns the plan (`model.language_model` in a VLM)."""
+    candidates = [(name, m) for name, m in model.named_modules()
+                  if isinstance(m, PreTrainedModel) and getattr(m, "base_model", None) is m]
+    for name, m in candidates:
+        if m.config is owner:
+            return name
+    for name, m in candidates:
+        if getattr(m.config, "base_model_tp_plan", None):
+            return name
+    return candidates[-1][0] if candidates else ""
+
+
+def _quantization_notes(qinfo: dict, source: ModelSource, notes: list[str]) -> None:
+    method = qinfo["method"]
+    if qinfo["ran"] and qinfo["dequantize"]:
+        notes.append(f"quantization: the {method} quantizer chose to dequantize on this host, so the model's "
+                     "quantized weights count in the dequantized dtype; on the target GPUs they may be smaller")
+    elif qinfo["ran"]:
+        notes.append(f"quantization: {method}, modules replaced by transformers' {qinfo['quantizer']} on the meta "
+                     "device (its plan extensions included)")
+    else:
+        where = ("taken from the checkpoint header: each follows its module's rule"
+                 if not source.config_only else "NOT modelled: weights count unquantized, so bytes are overstated")
+        notes.append(f"quantization: {method} quantizer could not run here ({qinfo['reason']}); quantized tensors "
+                     f"{where} (tpaudit's fallback, not the loader's code)")
+
+
+def _mapping_notes(mapping: CheckpointMapping, notes: list[str]) -> None:
+    if mapping.companions:
+        notes.append(f"checkpoint: {len(mapping.companions)} tensors the meta model lacks were added to their modules "
+                     f"(e.g. {next(iter(mapping.companions))}); {len(mapping.superseded)} model parameters they "
+                     "replace were dropped")
+    for (stored, runtime), count in sorted(mapping.casts.items()):
+        notes.append(f"checkpoint: {count} tensors stored as {stored} are cast to {runtime} on load; bytes count "
+                     f"{runtime}")
+    if mapping.missing:
+        notes.append(f"checkpoint: {len(mapping.missing)} model parameters have no checkpoint tensor and would be "
+                     f"initialised by the loader (e.g. {mapping.missing[0]})")

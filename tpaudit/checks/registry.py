@@ -1,0 +1,166 @@
+"""The rule catalogue: one table of code -> check, and the context every check reads.
+
+A check is a function `check_<kind>(ctx) -> Iterable[Finding]` registered with `@rule(code, kind)`. Its docstring is
+its catalogue entry (`tpaudit explain CODE`, Markdown, SARIF `fullDescription`), written with the headings
+**What it detects**, **Why it matters**, **Example**, **Fix** and **References**. Families take codes by hundreds
+(TPA0xx coverage, TPA1xx divisibility, TPA2xx quantization, TPA3xx checkpoint, TPA4xx expert parallelism); a code
+is never reused: a retired rule stays registered with `status="removed"`.
+
+Checks never print and never exit; they read the context and return findings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ..model import Finding, ModelSource, ShardMap
+
+_CODE = re.compile(r"^TPA\d{3}$")
+_SECTION = re.compile(r"^\*\*(What it detects|Why it matters|Example|Fix|References)\*\*\s*$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One registered rule.
+
+    Attributes:
+        code (`str`): `TPA` + 3 digits.
+        kind (`str`): the JSON `kind` of its findings.
+        check (`Callable`): the check function.
+        family (`str`): the module that holds it (`coverage`, `divisibility`, ...).
+        status (`"stable" | "removed"`).
+    """
+
+    code: str
+    kind: str
+    check: Callable[["CheckContext"], Iterable[Finding]]
+    family: str
+    status: str = "stable"
+
+    @property
+    def doc(self) -> str:
+        return inspect.cleandoc(self.check.__doc__ or "")
+
+    @property
+    def summary(self) -> str:
+        """The first line of the docstring."""
+        return self.doc.splitlines()[0] if self.doc else self.kind
+
+    def sections(self) -> dict[str, str]:
+        """`{"What it detects": ..., "Why it matters": ..., "Example": ..., "Fix": ..., "References": ...}`."""
+        out: dict[str, list[str]] = {}
+        current = None
+        for line in self.doc.splitlines()[1:]:
+            m = _SECTION.match(line.strip())
+            if m:
+                current = m.group(1)
+                out[current] = []
+            elif current is not None:
+                out[current].append(line)
+        return {k: "\n".join(v).strip() for k, v in out.items()}
+
+
+_RULES: dict[str, Rule] = {}
+FAMILIES = ("coverage",)
+
+
+def rule(code: str, kind: str, *, status: str = "stable"):
+    """Register a check under `code`. Refuses malformed or duplicate codes and docstrings without the sections."""
+
+    def register(fn):
+        if not _CODE.match(code):
+            raise ValueError(f"malformed rule code {code!r}: expected TPA + 3 digits")
+        if code in _RULES:
+            raise ValueError(f"rule code {code} registered twice ({_RULES[code].check.__name__}, {fn.__name__})")
+        r = Rule(code=code, kind=kind, check=fn, family=fn.__module__.rsplit(".", 1)[-1], status=status)
+        missing = {"What it detects", "Why it matters", "Example", "Fix"} - set(r.sections())
+        if missing:
+            raise ValueError(f"{code} ({fn.__name__}) docstring lacks {sorted(missing)}")
+        _RULES[code] = r
+        return fn
+
+    return register
+
+
+def all_rules() -> list[Rule]:
+    """Every registered rule, by code. Importing the families registers them."""
+    import importlib
+
+    for family in FAMILIES:
+        importlib.import_module(f"{__package__}.{family}")
+    return [_RULES[c] for c in sorted(_RULES)]
+
+
+def get_rule(code: str) -> Rule | None:
+    all_rules()
+    return _RULES.get(code.upper())
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """Options that change what the checks report.
+
+    Attributes:
+        max_replicated_bytes (`int`, *optional*): `--max-replicated` as bytes per rank.
+        max_replicated_share (`float`, *optional*): `--max-replicated` as a share (0..1) of the model's bytes.
+    """
+
+    max_replicated_bytes: int | None = None
+    max_replicated_share: float | None = None
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What the checks read: the input, the built model's facts, the resolved plan and the shard map.
+
+    Attributes:
+        source (`ModelSource`): the input as read.
+        config (`PretrainedConfig`): the transformers config the model was built from.
+        architecture (`str`): model class name.
+        text_prefix (`str`): path of the base model that owns the plan (`model.language_model`).
+        plan_owner (`str`): attribute path of the config owning `base_model_tp_plan` (`text_config` or `""`).
+        lm_head_names (`tuple[str, ...]`): parameters of the output embedding (`lm_head.weight`).
+        plan (`ResolvedPlan`), shard_map (`ShardMap`).
+        mapping (`CheckpointMapping`, *optional*): `None` for config-only inputs.
+        quantization (`dict`, *optional*): see `BuiltModel.quantization`.
+        module_types (`dict[str, str]`): generic module name -> class name.
+        options (`CheckOptions`).
+    """
+
+    source: ModelSource
+    config: Any
+    architecture: str
+    text_prefix: str
+    plan_owner: str
+    lm_head_names: tuple[str, ...]
+    plan: Any
+    shard_map: ShardMap
+    mapping: Any = None
+    quantization: dict | None = None
+    module_types: dict[str, str] = field(default_factory=dict)
+    options: CheckOptions = field(default_factory=CheckOptions)
+
+    def relative_key(self, generic: str) -> str:
+        """A full generic name as a key of `base_model_tp_plan` (`model.language_model.layers.*.x` -> `layers.*.x`)."""
+        prefix = self.text_prefix + "." if self.text_prefix else ""
+        return generic[len(prefix):] if prefix and generic.startswith(prefix) else generic
+
+    def in_decoder(self, name: str) -> bool:
+        """True for a parameter of the text base model or of the output embedding (`lm_head`)."""
+        if name in self.lm_head_names:
+            return True
+        return not self.text_prefix or name.startswith(self.text_prefix + ".")
+
+
+def run_checks(ctx: CheckContext) -> list[Finding]:
+    """Run every stable rule and return its findings, sorted by severity, code and target."""
+    from ..model import SEVERITY_ORDER
+
+    findings: list[Finding] = []
+    for r in all_rules():
+        if r.status == "stable":
+            findings.extend(r.check(ctx))
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.code, f.target))

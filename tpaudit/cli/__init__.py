@@ -1,0 +1,2 @@
+"""The command line. `app.py` only assembles; each command lives in its own module and imports torch and transformers
+lazily, so `tpaudit --help` stays fast."""

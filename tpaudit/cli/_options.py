@@ -1,0 +1,46 @@
+"""Options shared by several commands, declared once."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    sarif = "sarif"
+
+
+class Units(str, Enum):
+    GiB = "GiB"
+    GB = "GB"
+
+
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+
+
+ModelArg = Annotated[str, typer.Argument(
+    metavar="MODEL", help="A model directory (config.json, optional safetensors), a snapshot file from "
+                          "'tpaudit snapshot', or a Hub id such as Qwen/Qwen3-VL-30B-A3B-Instruct.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size: how many ranks share each layer.")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel size: 1, or equal to --tp (transformers 5.23 "
+                                                 "without FSDP).")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub only: branch, tag or commit.")]
+TokenOpt = Annotated[Optional[str], typer.Option(
+    "--token", help="Hub only: access token for gated/private repos (default: HF_TOKEN or the stored login). Never "
+                    "printed.", show_default=False)]
+ArchitectureOpt = Annotated[Optional[str], typer.Option(
+    "--architecture", help="Model class to build (default: config.json's architectures[0]).")]
+TrustRemoteCodeOpt = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Allow the repo's own modeling code (never run otherwise).")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="Write the report to this file instead of "
+                                                                         "stdout.")]
+UnitsOpt = Annotated[Units, typer.Option("--units", help="Units for printed sizes: GiB (2^30 B) or GB (10^9 B). JSON "
+                                                         "is always in bytes.")]

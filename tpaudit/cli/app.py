@@ -1,0 +1,69 @@
+"""`tpaudit`: assembles the commands and maps every failure to one stderr line and an exit code.
+
+Exit codes: 0 clean · 1 error findings (or verify mismatch) · 2 bad input or usage · 3 verify: load failed on a
+rank · 4 internal error (a tpaudit bug) · 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .. import __version__
+from . import check as check_cmd
+from . import rules as rules_cmd
+
+app = typer.Typer(
+    name="tpaudit",
+    help="Lint tensor-parallel sharding plans of Hugging Face transformers models before anyone rents GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"tpaudit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Lint tensor-parallel sharding plans of Hugging Face transformers models before anyone rents GPUs."""
+
+
+app.command("check", epilog="Examples:\n\n" + "\n\n".join(check_cmd.CHECK_EXAMPLES))(check_cmd.check)
+app.command("rules")(rules_cmd.rules)
+app.command("explain")(rules_cmd.explain)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code (the console script exits with it)."""
+    import click
+
+    from ._errors import report_error
+
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpaudit",
+                              standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.exceptions.Abort:
+        return report_error(KeyboardInterrupt())
+    except click.ClickException as e:
+        e.show()
+        return 2
+    except KeyboardInterrupt as e:
+        return report_error(e)
+    except Exception as e:  # noqa: BLE001 - the single place where failures become exit codes
+        return report_error(e)
+    return int(result) if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`tpaudit check`: simulate a model's TP/EP sharding with the installed transformers and lint the plan."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from ._options import (ArchitectureOpt, EpOpt, FailOn, FormatOpt, ModelArg, OutputFormat, OutputOpt, RevisionOpt,
+                       TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
+
+CHECK_EXAMPLES = [
+    "tpaudit check Qwen/Qwen3-VL-30B-A3B-Instruct --tp 4",
+    "tpaudit check fixtures/qwen3-vl-30b-a3b-instruct.snapshot.json.gz --tp 4 --format json",
+    "tpaudit check ./my-model --tp 8 --plan proposed_plan.json --max-replicated 2GiB",
+]
+
+
+def parse_budget(text: str):
+    """`--max-replicated` value: `"5%"` -> share 0.05; `"2GiB"` / `"1e9"` -> bytes.
+
+    Raises:
+        UsageError: neither a percentage nor a byte size.
+    """
+    from ..checks.registry import CheckOptions
+    from ..errors import UsageError
+    from ..units import parse_bytes
+
+    value = text.strip()
+    try:
+        if value.endswith("%"):
+            share = float(value[:-1]) / 100
+            if not 0 <= share <= 1:
+                raise ValueError
+            return CheckOptions(max_replicated_share=share)
+        return CheckOptions(max_replicated_bytes=parse_bytes(value))
+    except ValueError:
+        raise UsageError(f"--max-replicated {text} is neither a byte size (2GiB, 500MB, 1e9) nor a percentage "
+                         "(5%)") from None
+
+
+def exit_code_for(report, fail_on: str, exit_zero: bool) -> int:
+    """0 when clean, 1 when a finding at or above `fail_on` exists (0 anyway with `exit_zero`)."""
+    failing = report.count("error") + (report.count("warning") if fail_on == "warning" else 0)
+    return 0 if exit_zero or failing == 0 else 1
+
+
+def write_output(text: str, output: str | None) -> None:
+    from ..errors import UsageError
+
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write --output {output}: {e.strerror or e}. Check the directory") from None
+
+
+def check(
+    model: ModelArg,
+    tp: TpOpt,
+    ep: EpOpt = 1,
+    plan: Annotated[Optional[str], typer.Option(
+        "--plan", help="JSON object of rule -> style that replaces the base model's base_model_tp_plan (keys relative "
+                       "to the base model, as in configuration_*.py).")] = None,
+    format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    architecture: ArchitectureOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    max_replicated: Annotated[Optional[str], typer.Option(
+        "--max-replicated", help="Fail (TPA004) when more than BYTES (2GiB, 500MB) or PCT% of the model is "
+                                 "replicated on every rank.")] = None,
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
+    = FailOn.error,
+    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (never hides exit 2, 3 "
+                                                                "or 4).")] = False,
+    units: UnitsOpt = Units.GiB,
+    quiet_params: Annotated[bool, typer.Option("--no-params", help="Terminal: omit the parameter table.")] = False,
+) -> int:
+    """Predict every rank's shards, list replicated weights and unused rules, and lint the plan.
+
+    Exit codes: 0 no error finding, 1 at least one, 2 bad input (one line on stderr), 4 a tpaudit bug.
+    """
+    from ..audit import audit_source
+    from ..build import load_plan_file
+    from ..checks.registry import CheckOptions
+    from ..sources import open_source
+
+    options = parse_budget(max_replicated) if max_replicated is not None else CheckOptions()
+    plan_override = load_plan_file(plan) if plan is not None else None
+    progress = format == OutputFormat.table and output is None and sys.stdout.isatty()
+    source = open_source(model, revision=revision, token=token, progress=progress)
+    report = audit_source(source, tp_size=tp, ep_size=ep, plan_override=plan_override, architecture=architecture,
+                          trust_remote_code=trust_remote_code, options=options)
+    render_report(report, format, output, units.value, show_params=not quiet_params, plan_path=plan)
+    return exit_code_for(report, fail_on.value, exit_zero)
+
+
+def render_report(report, format: OutputFormat, output: str | None, unit: str, *, show_params: bool = True,
+                  plan_path: str | None = None) -> None:
+    """Draw `report` in `format` to stdout or `output`."""
+    if format == OutputFormat.json:
+        from ..report.json import render
+
+        write_output(render(report), output)
+    elif format == OutputFormat.markdown:
+        from ..report.markdown import render
+
+        write_output(render(report, unit=unit), output)
+    elif format == OutputFormat.sarif:
+        from ..report.sarif import render
+
+        write_output(render(report, plan_path=plan_path), output)
+    else:
+        from rich.console import Console
+
+        from ..report.terminal import render
+
+        if output is None:
+            render(report, Console(), unit=unit, show_params=show_params)
+        else:
+            with open(output, "w", encoding="utf-8") as f:
+                render(report, Console(file=f, width=160, no_color=True), unit=unit, show_params=show_params)

@@ -1,0 +1,112 @@
+"""`--format table`: the report for people, drawn with rich. Sizes name their unit (GiB = 2**30 B by default, or
+GB = 10**9 B with `--units GB`); exact byte counts stand beside them where a number decides something."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..model import Report
+from ..units import format_bytes, format_int
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+_SHARDING_MARK = {"sharded": "", "replicated_by_rule": "=", "unsharded": "✗"}
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _summary(report: Report, unit: str) -> Table:
+    sm = report.shard_map
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    m = report.model
+    t.add_row("model", f"{escape(m['ref'])}  ({m.get('model_type')}, {m.get('architecture')}, {m.get('dtype')})")
+    if m.get("repo_id"):
+        t.add_row("revision", f"{m.get('revision') or 'default branch'} @ {m.get('commit') or 'unknown commit'}")
+    t.add_row("parallelism", f"tp_size {sm.tp_size}, ep_size {sm.ep_size}, world size {sm.world_size}")
+    t.add_row("model bytes", f"{format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)})")
+    ranks = sm.rank_param_bytes
+    worst = sm.worst_rank
+    if len(set(ranks)) == 1:
+        spread = f"every rank the same ({len(ranks)} ranks)"
+    else:
+        spread = "uneven: " + ", ".join(f"r{r} {format_bytes(b, unit)}" for r, b in enumerate(ranks[:16]))
+        if len(ranks) > 16:
+            spread += ", ..."
+    t.add_row(f"worst rank (rank {worst})",
+              f"{format_int(ranks[worst])} B ({format_bytes(ranks[worst], unit)}); {spread}")
+    if sm.world_size > 1:
+        t.add_row("replicated", f"{format_int(report.replicated_bytes)} B ({format_bytes(report.replicated_bytes, unit)}"
+                                f"), {report.replicated_share:.2%} of the model, held whole by every rank")
+    t.add_row("findings", f"{report.count('error')} errors, {report.count('warning')} warnings, "
+                          f"{report.count('note')} notes")
+    return t
+
+
+def _params_table(report: Report, unit: str) -> Table:
+    sm = report.shard_map
+    worst = sm.worst_rank
+    t = Table(title="Parameters by generic name (✗ = replicated: no rule shards it; = kept whole by its rule)",
+              title_justify="left", show_lines=False, header_style="bold")
+    t.add_column("", width=1)
+    t.add_column("name", overflow="fold")
+    t.add_column("n", justify="right")
+    t.add_column("style")
+    t.add_column("shape")
+    t.add_column(f"rank {worst} shape" if sm.world_size > 1 else "shape per rank")
+    t.add_column(f"bytes ({unit})", justify="right")
+    t.add_column(f"per rank {worst} ({unit})", justify="right")
+    for g in report.groups:
+        mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
+        style = "red" if mark == "✗" and any(f.target == g.generic_name and f.severity == "error"
+                                             for f in report.findings) else ""
+        tied = f" (tied to {g.tied_to})" if g.tied_to else ""
+        t.add_row(mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-",
+                  _shape(g.global_shape) + f" {g.dtype}", _shape(g.local_shape_rank0 if worst == 0 else
+                                                             g.local_shape_last),
+                  format_bytes(g.total_bytes, unit), format_bytes(g.rank_bytes[worst], unit))
+    return t
+
+
+def _findings_table(report: Report) -> Table:
+    t = Table(title="Findings", title_justify="left", header_style="bold", show_lines=True)
+    t.add_column("severity")
+    t.add_column("code")
+    t.add_column("message", overflow="fold")
+    for f in report.findings:
+        body = Text(f.message)
+        if f.fix:
+            body.append("\nfix: ", style="bold")
+            body.append(f.fix)
+        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, body)
+    return t
+
+
+def render(report: Report, console: Console, *, unit: str = "GiB", show_params: bool = True) -> None:
+    """Print `report` on `console`: summary, parameter table, unused rules, findings and notes."""
+    unit_text = "GiB = 2^30 bytes" if unit.lower().endswith("ib") else "GB = 10^9 bytes"
+    title = f"tpaudit check · sizes in {unit_text}"
+    console.print(Panel(_summary(report, unit), title=title, title_align="left"))
+    if show_params:
+        console.print(_params_table(report, unit))
+    if report.unused_rules:
+        console.print(Text("Rules that match nothing: ", style="bold") + Text(", ".join(report.unused_rules)))
+    if report.findings:
+        console.print(_findings_table(report))
+    else:
+        console.print(Text("No findings.", style="green"))
+    for key, section in report.extra.items():
+        renderer = _EXTRA.get(key)
+        if renderer:
+            console.print(renderer(section, unit))
+    if report.notes:
+        console.print(Group(*[Text("note: ", style="dim bold") + Text(n, style="dim") for n in report.notes]))
+
+
+_EXTRA: dict = {}

@@ -1,0 +1,52 @@
+"""Byte quantities: parsing what users type and printing what they read.
+
+Bytes are `int` everywhere in tpaudit; only text shows units. `GiB` is 2**30 bytes, `GB` is 10**9 bytes; every printed
+size names its unit, and the report says which family it uses.
+"""
+
+from __future__ import annotations
+
+import re
+
+GIB = 1 << 30
+GB = 10**9
+_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """`"80GB"` -> 80_000_000_000, `"24GiB"` -> 25_769_803_776, `"1e9"` -> 1_000_000_000, `"512"` -> 512.
+
+    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2), case-insensitive.
+
+    Raises:
+        ValueError: not a non-negative number with an optional unit.
+    """
+    m = _QUANTITY.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a byte size such as 80GB, 24GiB or 1e9")
+    return int(round(float(m.group(1)) * _UNITS[m.group(2).lower() or "b"]))
+
+
+def format_bytes(n: int, unit: str = "GiB", digits: int = 2) -> str:
+    """`format_bytes(16362514912)` -> `"15.24 GiB"`; `unit="GB"` -> `"16.36 GB"`. Sizes below 1 MiB/MB are shown in
+    KiB/KB, below 1 KiB/KB in B, so a small number never reads as 0.00."""
+    binary = unit.lower().endswith("ib")
+    base = 1024 if binary else 1000
+    steps = ["B", "KiB", "MiB", "GiB", "TiB"] if binary else ["B", "KB", "MB", "GB", "TB"]
+    target = steps.index(unit) if unit in steps else 3
+    value, i = float(n), 0
+    while i < target and abs(value) >= base:
+        value /= base
+        i += 1
+    if i == 0:
+        return f"{n:,} B"
+    return f"{value:,.{digits}f} {steps[i]}"
+
+
+def format_int(n: int) -> str:
+    """`62141508064` -> `"62,141,508,064"`."""
+    return f"{n:,}"
