@@ -10,7 +10,7 @@ from .model import Finding, ModelSource, ParamGroup, ReplicatedFamily, Report, S
 
 
 def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict[str, str] | None = None,
-                 architecture: str | None = None, trust_remote_code: bool = False,
+                 architecture: str | None = None, trust_remote_code: bool = False, dtype: str | None = None,
                  options: CheckOptions | None = None) -> Report:
     """Simulate `source` at (tp_size, ep_size) with the installed transformers and run every check.
 
@@ -21,6 +21,7 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
         plan_override (`dict[str, str]`, *optional*): replaces the base model's `base_model_tp_plan` (`--plan`).
         architecture (`str`, *optional*): model class; default `config.architectures[0]`.
         trust_remote_code (`bool`, *optional*, defaults to `False`).
+        dtype (`str`, *optional*): load dtype as passed to `from_pretrained` (default `"auto"`).
         options (`CheckOptions`, *optional*): budgets (`--max-replicated`).
 
     Returns:
@@ -37,7 +38,7 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
     versions = {"tpaudit": __version__, **check_versions()}
     distributed_config(tp_size, ep_size)  # fail on bad sizes before building anything
     built = build_model(source, plan_override=plan_override, architecture=architecture,
-                        trust_remote_code=trust_remote_code)
+                        trust_remote_code=trust_remote_code, dtype=dtype)
     lm_head_names = _lm_head_names(built.model)
     module_types = _module_types(built.model)
     plan = resolve_plan(built, tp_size, ep_size, plan_override)

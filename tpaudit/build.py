@@ -8,7 +8,7 @@ The steps follow transformers 5.23 `PreTrainedModel.from_pretrained`:
 3. The pre-quantized quantizer (`AutoHfQuantizer.from_config`), its `update_dtype`; `validate_environment` is not
    called, because it answers for this host (on a CPU it turns FP8 into BF16), not for the deployment being checked.
 4. `dtype="auto"` resolution (`modeling_utils._get_dtype`): the config's `dtype`, else the checkpoint's first floating
-   dtype; config-only inputs without one fall back to the text config's `dtype`, else float32 (said in the notes).
+   dtype; config-only inputs without one fall back to the text config's `dtype`, else bfloat16 (said in the notes).
 5. The model class of `config.architectures[0]`, built under `cls.get_init_context(...)` (meta device, untied),
    then `hf_quantizer.preprocess_model` (module replacement; the quantizer extends the TP/EP plans).
 6. The `_keep_in_fp32_modules(_strict)` dtype plan, then the checkpoint overlay (`mapping.map_checkpoint`).
@@ -190,11 +190,17 @@ def _model_class(config, architecture: str | None, trust_remote_code: bool):
                       f"(architectures: {config.architectures}). Pass --architecture CLASS")
 
 
-def _resolve_dtype(config, source: ModelSource, notes: list[str]):
-    """`dtype="auto"` as `modeling_utils._get_dtype` resolves it."""
+def _resolve_dtype(config, source: ModelSource, notes: list[str], override: str | None = None):
+    """`dtype="auto"` as `modeling_utils._get_dtype` resolves it, or `override` (`from_pretrained(dtype=...)`)."""
     import torch
 
     from ._compat import str_to_torch_dtype
+
+    if override is not None:
+        value = getattr(torch, override, None)
+        if not isinstance(value, torch.dtype):
+            raise ConfigError(f"--dtype {override} is not a torch dtype. Pass bfloat16, float16 or float32")
+        return value
 
     dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
@@ -214,8 +220,9 @@ def _resolve_dtype(config, source: ModelSource, notes: list[str]):
         notes.append(f"dtype: config.json sets no top-level dtype and there is no checkpoint; using the text "
                      f"config's {str(text).removeprefix('torch.')}")
         return text
-    notes.append("dtype: neither config.json nor a checkpoint gives a dtype; from_pretrained would use float32")
-    return torch.float32
+    notes.append("dtype: neither config.json nor a checkpoint names a dtype; assuming bfloat16, the dtype of nearly "
+                 "every published checkpoint (pass --dtype to change it)")
+    return torch.bfloat16
 
 
 def _make_quantizer(config, notes: list[str]) -> tuple[Any, dict | None]:
@@ -242,7 +249,8 @@ def _make_quantizer(config, notes: list[str]) -> tuple[Any, dict | None]:
 
 
 def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = None,
-                architecture: str | None = None, trust_remote_code: bool = False) -> BuiltModel:
+                architecture: str | None = None, trust_remote_code: bool = False,
+                dtype: str | None = None) -> BuiltModel:
     """Build `source`'s model on the meta device as `from_pretrained` does, and map its checkpoint onto it.
 
     Args:
@@ -251,6 +259,7 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
             base model's plan; keys relative to that base model (`layers.*.self_attn.q_proj`).
         architecture (`str`, *optional*): model class name; default `config.architectures[0]`.
         trust_remote_code (`bool`, *optional*, defaults to `False`): allow the repo's own modeling code.
+        dtype (`str`, *optional*): the `dtype` passed to `from_pretrained` (`"bfloat16"`); default `"auto"`.
 
     Returns:
         `BuiltModel`.
@@ -276,7 +285,7 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
             owner.base_model_tp_plan = dict(plan_override)
         cls = _model_class(config, architecture, trust_remote_code)
         quantizer, qinfo = _make_quantizer(config, notes)
-        dtype = _resolve_dtype(config, source, notes)
+        dtype = _resolve_dtype(config, source, notes, dtype)
         if quantizer is not None:
             dtype = quantizer.update_dtype(dtype)
         config.dtype = dtype

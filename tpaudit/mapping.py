@@ -58,7 +58,7 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     """
     import torch
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
     from ._compat import str_to_torch_dtype
 
@@ -71,7 +71,7 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     modules = dict(model.named_modules())
     parameters = dict(model.named_parameters())
 
-    for tensor in sorted(tensors, key=lambda t: dot_natural_key(t.name)):
+    for tensor in tensors:  # the loader sorts by dot_natural_key; the mapping of each key does not depend on order
         key = tensor.name
         renamed, _ = rename_source_key(key, renamings, converters, prefix, meta_state_dict)
         if renamed not in meta_state_dict and key in meta_state_dict:

@@ -43,21 +43,19 @@ app.command("explain")(rules_cmd.explain)
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (the console script exits with it)."""
-    import click
-
     from ._errors import report_error
 
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpaudit",
                               standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         return int(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         return report_error(KeyboardInterrupt())
-    except click.ClickException as e:
+    except typer.TyperException as e:  # usage errors of typer's bundled click: its own message, exit 2
         e.show()
-        return 2
+        return int(getattr(e, "exit_code", 2) or 2)
     except KeyboardInterrupt as e:
         return report_error(e)
     except Exception as e:  # noqa: BLE001 - the single place where failures become exit codes

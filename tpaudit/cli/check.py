@@ -80,6 +80,9 @@ def check(
     = FailOn.error,
     exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (never hides exit 2, 3 "
                                                                 "or 4).")] = False,
+    dtype: Annotated[Optional[str], typer.Option(
+        "--dtype", help="The dtype passed to from_pretrained (default: auto, from config.json or the checkpoint).")]
+    = None,
     units: UnitsOpt = Units.GiB,
     quiet_params: Annotated[bool, typer.Option("--no-params", help="Terminal: omit the parameter table.")] = False,
 ) -> int:
@@ -97,7 +100,7 @@ def check(
     progress = format == OutputFormat.table and output is None and sys.stdout.isatty()
     source = open_source(model, revision=revision, token=token, progress=progress)
     report = audit_source(source, tp_size=tp, ep_size=ep, plan_override=plan_override, architecture=architecture,
-                          trust_remote_code=trust_remote_code, options=options)
+                          trust_remote_code=trust_remote_code, dtype=dtype, options=options)
     render_report(report, format, output, units.value, show_params=not quiet_params, plan_path=plan)
     return exit_code_for(report, fail_on.value, exit_zero)
 

@@ -28,7 +28,9 @@ def _summary(report: Report, unit: str) -> Table:
     m = report.model
     t.add_row("model", f"{escape(m['ref'])}  ({m.get('model_type')}, {m.get('architecture')}, {m.get('dtype')})")
     if m.get("repo_id"):
-        t.add_row("revision", f"{m.get('revision') or 'default branch'} @ {m.get('commit') or 'unknown commit'}")
+        where = "Hub repo" if m.get("kind") == "hub" else "recorded from"
+        rev = m.get("commit") or m.get("revision")
+        t.add_row("source", f"{where} {escape(m['repo_id'])}" + (f" @ {rev}" if rev else " (revision not recorded)"))
     t.add_row("parallelism", f"tp_size {sm.tp_size}, ep_size {sm.ep_size}, world size {sm.world_size}")
     t.add_row("model bytes", f"{format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)})")
     ranks = sm.rank_param_bytes

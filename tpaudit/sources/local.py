@@ -119,7 +119,7 @@ def load_local(ref: str) -> ModelSource:
         try:
             metadata = get_local_safetensors_metadata(path)
         except SafetensorsParsingError as e:
-            raise CheckpointError(f"{path}: {e}. Re-download the shard: tpaudit reads only its header",
+            raise CheckpointError(f"{path}: {str(e).rstrip('.')}. Re-download the shard: tpaudit reads only its header",
                                   path=str(path)) from None
         except NotASafetensorsRepoError as e:  # pragma: no cover - guarded by has_safetensors
             raise CheckpointError(str(e), path=str(path)) from None

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""How long `tpaudit check` takes on the DeepSeek-V3 fixture (91,991 tensors), next to the cost of importing torch
+and transformers alone, and where the time goes inside one run. Speed goals live here, not in timed tests.
+
+Usage:
+    python scripts/benchmark.py [--repeat 3] [--fixture fixtures/deepseek-v3.snapshot.json.gz] [--tp 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wall(cmd: list[str], repeat: int) -> tuple[float, int]:
+    times, rc = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT).returncode
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), rc
+
+
+def stages(fixture: str, tp: int) -> list[tuple[str, float]]:
+    """Time each pipeline stage in this process (imports first, as a cold CLI run pays them)."""
+    out = []
+    t0 = time.perf_counter()
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    out.append(("import torch + transformers", time.perf_counter() - t0))
+    sys.path.insert(0, str(ROOT))
+    from tpaudit._compat import check_versions
+    from tpaudit.audit import _lm_head_names, _module_types, build_report
+    from tpaudit.build import build_model
+    from tpaudit.checks.registry import CheckContext, run_checks
+    from tpaudit.plan import resolve_plan
+    from tpaudit.simulate import simulate
+    from tpaudit.sources import open_source
+
+    def step(name, fn):
+        t = time.perf_counter()
+        value = fn()
+        out.append((name, time.perf_counter() - t))
+        return value
+
+    versions = check_versions()
+    source = step("read snapshot (sources)", lambda: open_source(fixture))
+    built = step("build meta model + map checkpoint", lambda: build_model(source))
+    plan = step("resolve plan (transformers)", lambda: resolve_plan(built, tp, 1))
+    names, types = _lm_head_names(built.model), _module_types(built.model)
+    shard_map = step("simulate on fake process group", lambda: simulate(built, plan))
+    ctx = CheckContext(source=source, config=built.config, architecture=built.architecture,
+                       text_prefix=built.text_prefix, plan_owner=built.plan_owner, lm_head_names=names, plan=plan,
+                       shard_map=shard_map, mapping=built.mapping, quantization=built.quantization,
+                       module_types=types)
+    findings = step("checks", lambda: run_checks(ctx))
+    step("report", lambda: build_report(source, built, plan, shard_map, findings, versions, ctx))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--fixture", default=str(ROOT / "fixtures" / "deepseek-v3.snapshot.json.gz"))
+    ap.add_argument("--tp", type=int, default=8)
+    args = ap.parse_args()
+    py = sys.executable
+    rows = [
+        ("python -c 'import torch, transformers'", wall([py, "-c", "import torch, transformers"], args.repeat)),
+        ("tpaudit --help", wall([py, "-m", "tpaudit", "--help"], args.repeat)),
+        (f"tpaudit check {Path(args.fixture).name} --tp {args.tp} --format json",
+         wall([py, "-m", "tpaudit", "check", args.fixture, "--tp", str(args.tp), "--format", "json"], args.repeat)),
+    ]
+    print(f"median wall time of {args.repeat} runs (seconds):")
+    for name, (seconds, rc) in rows:
+        print(f"  {seconds:7.2f}  {name}  (exit {rc})")
+    base, check = rows[0][1][0], rows[2][1][0]
+    print(f"  check costs {check - base:.2f} s beyond the imports ({check / base:.1f}x the import time)")
+    print("\nstages of one in-process run:")
+    for name, seconds in stages(args.fixture, args.tp):
+        print(f"  {seconds:7.2f}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

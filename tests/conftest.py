@@ -1,0 +1,66 @@
+"""Shared helpers. Expected values in the tests are computed here from shapes and configs, never copied from
+tpaudit's own output."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+CASES = FIXTURES / "cases"
+
+
+def read_json_any(path: Path):
+    """Read a JSON or gzip-JSON file with the standard library only (independent of tpaudit's readers)."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw)
+
+
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "I32": 4, "I64": 8, "U8": 1, "I8": 1}
+
+
+def snapshot_tensors(name: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """`[(name, dtype, shape)]` of a fixture snapshot, read without tpaudit."""
+    doc = read_json_any(FIXTURES / f"{name}.snapshot.json.gz")
+    return [(n, d, tuple(s)) for n, d, s, _ in doc["tensors"]]
+
+
+def nbytes(dtype: str, shape) -> int:
+    return math.prod(shape) * DTYPE_BYTES[dtype]
+
+
+def chunk(n: int, parts: int, rank: int) -> int:
+    """Size of rank's piece when `torch.chunk` splits n into `parts`: ceil on the low ranks, the rest on the last."""
+    size = -(-n // parts)
+    return max(0, min(size, n - rank * size))
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `python -m tpaudit ARGS` as a user would; returns the completed process (text mode)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("TPAUDIT_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "tpaudit", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=str(ROOT))
+
+
+def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, **kwargs):
+    """In-process `tpaudit check` (same pipeline as the CLI, without the interpreter start-up)."""
+    from tpaudit.audit import audit_source
+    from tpaudit.sources import open_source
+
+    return audit_source(open_source(ref), tp_size=tp, ep_size=ep, plan_override=plan, **kwargs)
+
+
+@pytest.fixture
+def fixture_path():
+    return lambda name: str(FIXTURES / f"{name}.snapshot.json.gz")
