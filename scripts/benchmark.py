@@ -37,7 +37,7 @@ def stages(fixture: str, tp: int) -> list[tuple[str, float]]:
     out.append(("import torch + transformers", time.perf_counter() - t0))
     sys.path.insert(0, str(ROOT))
     from tpaudit._compat import check_versions
-    from tpaudit.audit import _lm_head_names, _module_types, build_report
+    from tpaudit.audit import _lm_head_names, _module_facts, build_report
     from tpaudit.build import build_model
     from tpaudit.checks.registry import CheckContext, run_checks
     from tpaudit.plan import resolve_plan
@@ -54,12 +54,12 @@ def stages(fixture: str, tp: int) -> list[tuple[str, float]]:
     source = step("read snapshot (sources)", lambda: open_source(fixture))
     built = step("build meta model + map checkpoint", lambda: build_model(source))
     plan = step("resolve plan (transformers)", lambda: resolve_plan(built, tp, 1))
-    names, types = _lm_head_names(built.model), _module_types(built.model)
+    names, modules = _lm_head_names(built.model), _module_facts(built.model)
     shard_map = step("simulate on fake process group", lambda: simulate(built, plan))
     ctx = CheckContext(source=source, config=built.config, architecture=built.architecture,
                        text_prefix=built.text_prefix, plan_owner=built.plan_owner, lm_head_names=names, plan=plan,
                        shard_map=shard_map, mapping=built.mapping, quantization=built.quantization,
-                       module_types=types)
+                       modules=modules)
     findings = step("checks", lambda: run_checks(ctx))
     step("report", lambda: build_report(source, built, plan, shard_map, findings, versions, ctx))
     return out

@@ -58,13 +58,7 @@ def materialise(case: str, tmp_path):
     return model_dir, plan
 
 
-# Cases whose findings (divisibility, KV heads, quantization) belong to the findings catalogue, still to come.
-PENDING = {"09-granite-tp5-indivisible-dims", "11-compressed-tensors-weight-shape-g-idx-sharded",
-           "13-awq-internvl3-78b-down-proj-group-misaligned", "14-fp8-block-shards-smaller-than-block"}
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="findings catalogue"))
-                                  if c in PENDING else c for c in ALL_CASES])
+@pytest.mark.parametrize("case", ALL_CASES)
 def test_case(case, tmp_path):
     expected = json.loads((CASES / case / "expected.json").read_text())
     model_dir, plan = materialise(case, tmp_path)

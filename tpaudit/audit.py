@@ -11,7 +11,7 @@ from .model import Finding, ModelSource, ParamGroup, ReplicatedFamily, Report, S
 
 def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict[str, str] | None = None,
                  architecture: str | None = None, trust_remote_code: bool = False, dtype: str | None = None,
-                 options: CheckOptions | None = None) -> Report:
+                 options: CheckOptions | None = None, suggest: bool = False) -> Report:
     """Simulate `source` at (tp_size, ep_size) with the installed transformers and run every check.
 
     Args:
@@ -23,6 +23,8 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
         trust_remote_code (`bool`, *optional*, defaults to `False`).
         dtype (`str`, *optional*): load dtype as passed to `from_pretrained` (default `"auto"`).
         options (`CheckOptions`, *optional*): budgets (`--max-replicated`).
+        suggest (`bool`, *optional*, defaults to `False`): propose rules for replicated families from sibling
+            architectures, re-simulate with them, and add the `suggestion` section (see `suggest.py`).
 
     Returns:
         `Report`.
@@ -40,15 +42,84 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
     built = build_model(source, plan_override=plan_override, architecture=architecture,
                         trust_remote_code=trust_remote_code, dtype=dtype)
     lm_head_names = _lm_head_names(built.model)
-    module_types = _module_types(built.model)
+    modules = _module_facts(built.model)
     plan = resolve_plan(built, tp_size, ep_size, plan_override)
     shard_map = simulate(built, plan)
     ctx = CheckContext(source=source, config=built.config, architecture=built.architecture,
                        text_prefix=built.text_prefix, plan_owner=built.plan_owner, lm_head_names=lm_head_names,
                        plan=plan, shard_map=shard_map, mapping=built.mapping, quantization=built.quantization,
-                       module_types=module_types, options=options or CheckOptions())
+                       modules=modules, options=options or CheckOptions())
     findings = run_checks(ctx)
-    return build_report(source, built, plan, shard_map, findings, versions, ctx)
+    extra = {}
+    kv = kv_section(ctx, built.dtype)
+    if kv is not None:
+        extra["kv_cache"] = kv
+    report = build_report(source, built, plan, shard_map, findings, versions, ctx, extra)
+    if suggest:
+        owner = built.config if not built.plan_owner else getattr(built.config, built.plan_owner)
+        base_plan = dict(getattr(owner, "base_model_tp_plan", None) or {})
+        from .model import generic_name
+
+        layouts = {ctx.relative_key(generic_name(name)): f for name, f in modules.items()
+                   if f.is_transposed or f.is_concatenated is False}
+        extra["suggestion"] = suggestion_section(
+            report, base_plan, built.text_prefix, type(owner).__name__, layouts,
+            lambda plan: audit_source(source, tp_size=tp_size, ep_size=ep_size, plan_override=plan,
+                                      architecture=architecture, trust_remote_code=trust_remote_code, dtype=dtype,
+                                      options=options))
+    return report
+
+
+def suggestion_section(report: Report, base_plan: dict[str, str], text_prefix: str, owner_class: str,
+                       layouts: dict, rerun) -> dict:
+    """Propose rules (`suggest.suggest_rules`), re-simulate with them (`rerun(plan) -> Report`) and compare.
+
+    A second round proposes rules for what the first left replicated (transformers adds `embed_tokens:
+    embedding_rowwise` by itself once a plan exists, so the input embedding is only proposed when that did not
+    happen)."""
+    from .suggest import snippet, suggest_rules
+
+    suggestions, unresolved = suggest_rules(report, base_plan, text_prefix, layouts, defer={"embed_tokens"})
+
+    def summary(r: Report) -> dict:
+        return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,
+                "errors": r.count("error"), "warnings": r.count("warning")}
+
+    section = {"rules": {s.key: s.style for s in suggestions}, "unresolved": unresolved,
+               "voters": {s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters}
+                          for s in suggestions},
+               "before": summary(report), "after": None, "plan": None, "snippet": None, "new_errors": []}
+    if suggestions:
+        plan = {**base_plan, **{s.key: s.style for s in suggestions}}
+        after = rerun(plan)
+        more, unresolved_more = suggest_rules(after, plan, text_prefix, layouts)
+        if more:
+            suggestions += more
+            plan.update({s.key: s.style for s in more})
+            after = rerun(plan)
+        section["unresolved"] = sorted(set(unresolved) | set(unresolved_more))
+        section["rules"] = {s.key: s.style for s in suggestions}
+        section["voters"] = {s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters}
+                             for s in suggestions}
+        before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
+        section.update(after=summary(after), plan=plan, snippet=snippet(owner_class, base_plan, suggestions),
+                       new_errors=[f.to_json() for f in after.findings
+                                   if f.severity == "error" and f.fingerprint not in before_errors])
+    return section
+
+
+def kv_section(ctx: CheckContext, dtype: str, kv_dtype: str | None = None) -> dict | None:
+    """The report's `kv_cache` section (`None` when the model has no decoder attention the config describes)."""
+    import torch
+
+    from .kvcache import kv_summary
+
+    name = kv_dtype or dtype
+    try:
+        itemsize = torch.empty((), dtype=getattr(torch, name)).element_size()
+        return kv_summary(ctx.text_config, ctx.shard_map, ctx.text_prefix, itemsize, name)
+    except Exception:  # noqa: BLE001 - configs without head shapes (encoders, exotic layouts): no KV section
+        return None
 
 
 def _lm_head_names(model) -> tuple[str, ...]:
@@ -61,10 +132,20 @@ def _lm_head_names(model) -> tuple[str, ...]:
     return ()
 
 
-def _module_types(model) -> dict[str, str]:
-    from .model import generic_name
+def _module_facts(model) -> dict:
+    """Concrete module name -> `ModuleFacts` (type, logical linear sizes, attention head_dim), read before the
+    simulation turns parameters into DTensors."""
+    from .model import ModuleFacts
 
-    return {generic_name(name): type(m).__name__ for name, m in model.named_modules() if name}
+    out = {}
+    for name, m in model.named_modules():
+        in_f, out_f = getattr(m, "in_features", None), getattr(m, "out_features", None)
+        head_dim = getattr(m, "head_dim", None)
+        flags = {k: getattr(m, k) for k in ("is_transposed", "is_concatenated") if isinstance(getattr(m, k, None), bool)}
+        out[name] = ModuleFacts(type=type(m).__name__, in_features=in_f if isinstance(in_f, int) else None,
+                                out_features=out_f if isinstance(out_f, int) else None,
+                                head_dim=head_dim if isinstance(head_dim, int) else None, **flags)
+    return out
 
 
 def group_params(shard_map: ShardMap) -> tuple[ParamGroup, ...]:
@@ -115,6 +196,7 @@ def build_report(source: ModelSource, built, plan, shard_map: ShardMap, findings
         "architecture": built.architecture, "dtype": built.dtype, "config_only": source.config_only,
         "checkpoint_tensor_count": len(tensors) if tensors is not None else None,
         "checkpoint_bytes": source.checkpoint_bytes, "quantization": built.quantization,
+        "config_path": source.config_path,
     }
     plan_info = {
         "text_prefix": plan.text_prefix, "plan_owner": plan.plan_owner or "config",

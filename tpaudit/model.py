@@ -153,6 +153,9 @@ class ParamShard:
         checkpoint_names (`tuple[str, ...]`): the on-disk tensors that load into it (several for merged experts).
         tied_to (`str`, *optional*): the parameter this one is tied to; a tied copy adds no bytes.
         module_type (`str`): class name of the owning module (`Linear`, `Embedding`, `Qwen3VLMoeTextExperts`, ...).
+        shard_dim (`int`, *optional*): the (non-negative) dimension a `Shard`/`_StridedShard` placement splits.
+        split_factor (`int`): 1 for `Shard`; the number of packed blocks (`sf`) for `_StridedShard`, whose every block
+            is split across the ranks (`packed_colwise` on `gate_up_proj`: gate and up each split).
     """
 
     name: str
@@ -170,6 +173,8 @@ class ParamShard:
     checkpoint_names: tuple[str, ...] = ()
     tied_to: str | None = None
     module_type: str = ""
+    shard_dim: int | None = None
+    split_factor: int = 1
 
     @property
     def global_bytes(self) -> int:
@@ -229,6 +234,28 @@ class ShardMap:
     @property
     def worst_rank_param_bytes(self) -> int:
         return self.rank_param_bytes[self.worst_rank]
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What the checks need to know about one module of the meta model.
+
+    Attributes:
+        type (`str`): class name.
+        in_features (`int`, *optional*), out_features (`int`, *optional*): the logical sizes of a linear layer, also
+            when a quantizer stores its weight packed or transposed.
+        head_dim (`int`, *optional*): for attention modules.
+        is_transposed (`bool`, *optional*), is_concatenated (`bool`, *optional*): for fused experts modules, the
+            layout flags transformers' experts integration reads (`[E, in, out]` storage; `[gate; up]` concatenated
+            rather than interleaved).
+    """
+
+    type: str
+    in_features: int | None = None
+    out_features: int | None = None
+    head_dim: int | None = None
+    is_transposed: bool | None = None
+    is_concatenated: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from .errors import UsageError
 from .model import generic_name
 
-# Styles that keep a parameter whole on purpose (transformers 5.23 `tensor_parallel.py`): a rule with one of them is
-# an explicit replication, not a gap in the plan.
-EXPLICIT_REPLICATE_STYLES = frozenset({"replicate", "replicated_with_grad_allreduce", "sequence_parallel"})
+# Styles that keep a module's parameters whole on purpose (transformers 5.23 `tensor_parallel.py`): a rule with one of
+# them is an explicit replication, not a gap in the plan. `moe_tp_experts` and `local_params` are not among them:
+# their parameters need rules of their own, and one that lacks it is replicated by accident.
+EXPLICIT_REPLICATE_STYLES = frozenset({"replicate", "replicated_with_grad_allreduce", "sequence_parallel",
+                                       "mla_kv_a_proj", "all_reduce", "moe_identity_expert"})
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ def _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape
             shapes = tuple(local_shape(global_shape, mesh.shape, [r % mesh.size()], placements)
                            for r in range(world_size))
             placement = _placement_text(placements)
+            shard_dim, split_factor = _split_of(placements, len(global_shape))
             if all(isinstance(p, Replicate) for p in placements):
                 sharding = "replicated_by_rule"
             else:
@@ -118,6 +119,7 @@ def _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape
         else:
             shapes = tuple(global_shape for _ in range(world_size))
             placement = "whole"
+            shard_dim, split_factor = None, 1
             sharding = "replicated_by_rule" if (rule_applied and style in EXPLICIT_REPLICATE_STYLES) else "unsharded"
         if mapping is None:
             origin, ckpt = "model", ()
@@ -132,5 +134,17 @@ def _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape
             dtype=str(param.dtype).removeprefix("torch."), itemsize=param.element_size(),
             local_shapes=shapes, style=style, rule=rule,
             plan=kind, placement=placement, sharding=sharding, origin=origin, checkpoint_names=ckpt,
-            tied_to=tied.get(name), module_type=type(module).__name__ if module is not None else ""))
+            tied_to=tied.get(name), module_type=type(module).__name__ if module is not None else "",
+            shard_dim=shard_dim, split_factor=split_factor))
     return out
+
+
+def _split_of(placements, ndim: int) -> tuple[int | None, int]:
+    """`(dimension split, split factor)` of a 1-D mesh placement: `Shard(d)` -> `(d, 1)`, `_StridedShard(d, sf)` ->
+    `(d, sf)`, `Replicate()` -> `(None, 1)`. Negative dims are normalised."""
+    for p in placements:
+        dim = getattr(p, "dim", None)
+        if dim is None:
+            continue
+        return (dim % ndim if ndim else 0), int(getattr(p, "split_factor", 1) or 1)
+    return None, 1

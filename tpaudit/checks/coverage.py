@@ -49,11 +49,19 @@ def tower_root(ctx: CheckContext, name: str) -> str:
     return ".".join(parts[: i + 1])
 
 
-def rule_key_for(p: ParamShard) -> str:
-    """The generic key a rule for `p` would use: the module path for a module's `weight`/`bias`
-    (`layers.*.self_attn.q_proj`), the parameter path for a bare parameter (`layers.*.mlp.experts.gate_up_proj`)."""
+def rule_key_for(p: ParamShard) -> tuple[str, str]:
+    """`(generic key, "module" | "parameter")` of the rule that would shard `p`: the module path for a module's
+    `weight`/`bias` and its quantization tensors (`layers.*.self_attn.q_proj`, which they follow), the parameter path
+    for a bare parameter (`layers.*.mlp.experts.gate_up_proj`; its `_scale_inv` follows it the same way)."""
+    from ._shapes import QUANT_LEAVES, QUANT_SUFFIXES
+
     module, _, leaf = p.generic_name.rpartition(".")
-    return module if leaf in ("weight", "bias") and module else p.generic_name
+    if module and (leaf in ("weight", "bias") or leaf in QUANT_LEAVES or leaf.startswith("weight_")):
+        return module, "module"
+    for suffix in QUANT_SUFFIXES:
+        if leaf.endswith(suffix) and len(leaf) > len(suffix):
+            return f"{module}.{leaf[: -len(suffix)]}", "parameter"
+    return p.generic_name, "parameter"
 
 
 def _why(p: ParamShard) -> str:
@@ -104,14 +112,16 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
     for generic, members in sorted(_groups(errors).items()):
         total = sum(p.global_bytes for p in members)
         first = members[0]
-        key = ctx.relative_key(rule_key_for(first))
+        full_key, key_kind = rule_key_for(first)
+        key = ctx.relative_key(full_key)
         yield Finding(
             code="TPA001", kind="replicated_weight", severity="error", target=generic,
             message=(f"`{generic}` replicated on {world} ranks: {len(members)} x {_shape(first)} "
                      f"{first.dtype} = {format_bytes(total)} on every rank ({_why(first)})"),
             fix=f"Add a rule for `{key}` to {_owner(ctx)} base_model_tp_plan (tpaudit check --suggest proposes one)",
             facts={"count": len(members), "bytes": total, "bytes_per_rank": total, "shape": list(first.global_shape),
-                   "dtype": first.dtype, "rule": first.rule, "style": first.style, "relative_key": key})
+                   "dtype": first.dtype, "rule": first.rule, "style": first.style, "relative_key": key,
+                   "key_kind": key_kind})
     # Routers and convolutions of the decoder: one note per generic name.
     others = [p for p in params if p.ndim >= 2 and ctx.in_decoder(p.name) and not is_projection(ctx, p)]
     for generic, members in sorted(_groups(others).items()):
@@ -136,7 +146,7 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
             facts={"count": len(members), "bytes": total, "bytes_per_rank": total})
 
 
-@rule("TPA002", "unused_rule")
+@rule("TPA002", "unused_rule", severity="warning")
 def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     """A plan rule that names no module and no parameter of the runtime model.
 
@@ -161,7 +171,9 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     transformers `distributed/mixin.py` (`_validate_parallel_plan` logs the same set only at load time and only on
     rank 0).
     """
-    names = sorted(set(ctx.module_types) | {p.generic_name for p in ctx.shard_map.params})
+    from ..model import generic_name
+
+    names = sorted({generic_name(m) for m in ctx.modules if m} | {p.generic_name for p in ctx.shard_map.params})
     for kind, rules, unused in (("tp", ctx.plan.tp_rules, ctx.plan.unused_tp_rules),
                                 ("ep", ctx.plan.ep_rules, ctx.plan.unused_ep_rules)):
         for key in unused:
@@ -171,7 +183,8 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
                 code="TPA002", kind="unused_rule", severity="warning", target=key,
                 message=f"{kind} rule `{key}: {rules[key]}` matches no module or parameter of {ctx.architecture}{hint}",
                 fix=f"Remove `{ctx.relative_key(key)}` or rewrite it to a runtime module path",
-                facts={"plan": kind, "style": rules[key], "closest": close[0] if close else None})
+                facts={"plan": kind, "style": rules[key], "closest": close[0] if close else None,
+                       "relative_key": ctx.relative_key(key)})
 
 
 @rule("TPA003", "no_plan")

@@ -32,6 +32,7 @@ class Rule:
         check (`Callable`): the check function.
         family (`str`): the module that holds it (`coverage`, `divisibility`, ...).
         status (`"stable" | "removed"`).
+        severity (`str`): the default (highest) severity of its findings.
     """
 
     code: str
@@ -39,6 +40,7 @@ class Rule:
     check: Callable[["CheckContext"], Iterable[Finding]]
     family: str
     status: str = "stable"
+    severity: str = "error"
 
     @property
     def doc(self) -> str:
@@ -64,10 +66,10 @@ class Rule:
 
 
 _RULES: dict[str, Rule] = {}
-FAMILIES = ("coverage",)
+FAMILIES = ("coverage", "divisibility", "quant", "checkpoint", "expert", "layout")
 
 
-def rule(code: str, kind: str, *, status: str = "stable"):
+def rule(code: str, kind: str, *, severity: str = "error", status: str = "stable"):
     """Register a check under `code`. Refuses malformed or duplicate codes and docstrings without the sections."""
 
     def register(fn):
@@ -75,7 +77,8 @@ def rule(code: str, kind: str, *, status: str = "stable"):
             raise ValueError(f"malformed rule code {code!r}: expected TPA + 3 digits")
         if code in _RULES:
             raise ValueError(f"rule code {code} registered twice ({_RULES[code].check.__name__}, {fn.__name__})")
-        r = Rule(code=code, kind=kind, check=fn, family=fn.__module__.rsplit(".", 1)[-1], status=status)
+        r = Rule(code=code, kind=kind, check=fn, family=fn.__module__.rsplit(".", 1)[-1], status=status,
+                 severity=severity)
         missing = {"What it detects", "Why it matters", "Example", "Fix"} - set(r.sections())
         if missing:
             raise ValueError(f"{code} ({fn.__name__}) docstring lacks {sorted(missing)}")
@@ -126,7 +129,7 @@ class CheckContext:
         plan (`ResolvedPlan`), shard_map (`ShardMap`).
         mapping (`CheckpointMapping`, *optional*): `None` for config-only inputs.
         quantization (`dict`, *optional*): see `BuiltModel.quantization`.
-        module_types (`dict[str, str]`): generic module name -> class name.
+        modules (`dict[str, ModuleFacts]`): concrete module name -> facts (type, linear sizes, head_dim).
         options (`CheckOptions`).
     """
 
@@ -140,13 +143,26 @@ class CheckContext:
     shard_map: ShardMap
     mapping: Any = None
     quantization: dict | None = None
-    module_types: dict[str, str] = field(default_factory=dict)
+    modules: dict[str, Any] = field(default_factory=dict)
     options: CheckOptions = field(default_factory=CheckOptions)
 
     def relative_key(self, generic: str) -> str:
         """A full generic name as a key of `base_model_tp_plan` (`model.language_model.layers.*.x` -> `layers.*.x`)."""
         prefix = self.text_prefix + "." if self.text_prefix else ""
         return generic[len(prefix):] if prefix and generic.startswith(prefix) else generic
+
+    @property
+    def text_config(self):
+        """The config that owns the base model's plan (the text config of a composite model)."""
+        return getattr(self.config, self.plan_owner, self.config) if self.plan_owner else self.config
+
+    def config_target(self, attr: str) -> str:
+        """A config attribute as a finding target, dotted from the top-level config (`text_config.vocab_size`)."""
+        return f"{self.plan_owner}.{attr}" if self.plan_owner else attr
+
+    def module_of(self, param_name: str):
+        """`ModuleFacts` of the module owning `param_name`, or `None`."""
+        return self.modules.get(param_name.rpartition(".")[0])
 
     def in_decoder(self, name: str) -> bool:
         """True for a parameter of the text base model or of the output embedding (`lm_head`)."""

@@ -83,6 +83,14 @@ def check(
     dtype: Annotated[Optional[str], typer.Option(
         "--dtype", help="The dtype passed to from_pretrained (default: auto, from config.json or the checkpoint).")]
     = None,
+    suggest: Annotated[bool, typer.Option(
+        "--suggest", help="Propose rules for replicated families from sibling architectures, re-simulate, and print "
+                          "a base_model_tp_plan snippet with before/after bytes.")] = False,
+    write_plan: Annotated[Optional[str], typer.Option(
+        "--write-plan", help="With --suggest: write the suggested plan as JSON, ready for --plan.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(
+        "--baseline", help="An earlier --format json (or sarif) report: its findings are accepted; only new ones "
+                           "are reported and counted.")] = None,
     units: UnitsOpt = Units.GiB,
     quiet_params: Annotated[bool, typer.Option("--no-params", help="Terminal: omit the parameter table.")] = False,
 ) -> int:
@@ -95,12 +103,32 @@ def check(
     from ..checks.registry import CheckOptions
     from ..sources import open_source
 
+    from ..errors import UsageError
+
     options = parse_budget(max_replicated) if max_replicated is not None else CheckOptions()
     plan_override = load_plan_file(plan) if plan is not None else None
+    if write_plan is not None and not suggest:
+        raise UsageError("--write-plan needs --suggest. Add --suggest")
+    accepted = None
+    if baseline is not None:
+        from ..baseline import load_baseline
+
+        accepted = load_baseline(baseline)
     progress = format == OutputFormat.table and output is None and sys.stdout.isatty()
     source = open_source(model, revision=revision, token=token, progress=progress)
     report = audit_source(source, tp_size=tp, ep_size=ep, plan_override=plan_override, architecture=architecture,
-                          trust_remote_code=trust_remote_code, dtype=dtype, options=options)
+                          trust_remote_code=trust_remote_code, dtype=dtype, options=options, suggest=suggest)
+    if accepted is not None:
+        from ..baseline import apply_baseline
+
+        report = apply_baseline(report, accepted, baseline)
+    if write_plan is not None:
+        import json
+
+        suggested = (report.extra.get("suggestion") or {}).get("plan")
+        if suggested is None:
+            raise UsageError("--suggest found no rule to propose, so there is no plan to write to --write-plan")
+        write_output(json.dumps(suggested, indent=2) + "\n", write_plan)
     render_report(report, format, output, units.value, show_params=not quiet_params, plan_path=plan)
     return exit_code_for(report, fail_on.value, exit_zero)
 
@@ -121,6 +149,8 @@ def render_report(report, format: OutputFormat, output: str | None, unit: str, *
 
         write_output(render(report, plan_path=plan_path), output)
     else:
+        import io
+
         from rich.console import Console
 
         from ..report.terminal import render
@@ -128,5 +158,6 @@ def render_report(report, format: OutputFormat, output: str | None, unit: str, *
         if output is None:
             render(report, Console(), unit=unit, show_params=show_params)
         else:
-            with open(output, "w", encoding="utf-8") as f:
-                render(report, Console(file=f, width=160, no_color=True), unit=unit, show_params=show_params)
+            buffer = io.StringIO()
+            render(report, Console(file=buffer, width=160, no_color=True), unit=unit, show_params=show_params)
+            write_output(buffer.getvalue(), output)

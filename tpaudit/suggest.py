@@ -1,0 +1,137 @@
+"""`--suggest`: plan rules for replicated weight families, learned from the plans of sibling architectures in the
+installed transformers, then applied in a second simulation so the before/after bytes are measured, not guessed.
+
+Every config class registered in transformers' `CONFIG_MAPPING` with a `base_model_tp_plan` votes: a replicated
+family's rule key (`layers.*.mlp.shared_expert.gate_proj`) is looked up first as is, then by ever shorter suffixes
+(`shared_expert.gate_proj`, then `gate_proj`); the most specific level with votes decides, and the most common style
+there wins. A parameter of a module (`experts.gate_up_proj`) also brings the module rule its siblings pair with it
+(`experts: moe_tp_experts`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+@functools.lru_cache(maxsize=1)
+def sibling_plans() -> dict[str, dict[str, str]]:
+    """model_type -> `base_model_tp_plan` of every config class transformers registers that has one (a few seconds:
+    it imports every config module)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from ._compat import quiet_libraries
+
+    out = {}
+    with quiet_libraries():
+        for model_type in list(CONFIG_MAPPING.keys()):
+            try:
+                plan = getattr(CONFIG_MAPPING[model_type], "base_model_tp_plan", None)
+            except Exception:  # noqa: BLE001 - a config module that cannot import here casts no vote
+                continue
+            if isinstance(plan, dict) and plan:
+                out[model_type] = dict(plan)
+    return out
+
+
+@dataclass
+class Suggestion:
+    """One proposed rule: `key` (relative to the base model) -> `style`, with the architectures that vote for it."""
+
+    key: str
+    style: str
+    voters: list[str] = field(default_factory=list)
+    matched: str = ""
+    votes: int = 0
+
+
+def _votes_for(key: str, plans: dict[str, dict[str, str]]) -> tuple[str, Counter, dict[str, list[str]]]:
+    """(matched pattern, style votes, style -> voters) at the most specific level that has votes."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        suffix = ".".join(parts[-n:])
+        if n == len(parts):
+            hits = [(mt, plan[key]) for mt, plan in plans.items() if key in plan]
+        else:
+            hits = [(mt, style) for mt, plan in plans.items() for k, style in plan.items()
+                    if k == suffix or k.endswith("." + suffix)]
+        if suffix in ("weight", "bias") or (n == 1 and suffix.isdigit()):
+            break
+        if hits:
+            votes = Counter(style for _, style in hits)
+            voters: dict[str, list[str]] = defaultdict(list)
+            for mt, style in hits:
+                if mt not in voters[style]:
+                    voters[style].append(mt)
+            return suffix, votes, voters
+    return "", Counter(), {}
+
+
+def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: dict | None = None,
+                  defer: set[str] | None = None) -> tuple[list[Suggestion], list[str]]:
+    """Rules for the error-severity replicated families of `report`.
+
+    Args:
+        report (`Report`): the first simulation.
+        base_plan (`dict[str, str]`): the base model's current `base_model_tp_plan` (relative keys).
+        text_prefix (`str`): module path of the base model the keys are relative to (`model.language_model`).
+        layouts (`dict[str, ModuleFacts]`, *optional*): relative module key -> facts of fused experts modules stored
+            transposed or interleaved; their parameters get no colwise/rowwise-family proposal (the siblings that
+            vote for those styles store `[E, out, in]`, concatenated).
+        defer (`set[str]`, *optional*): keys not to propose in this round.
+
+    Returns:
+        `(suggestions, unresolved)`: the proposed rules, and the families no sibling shards (each with a reason).
+    """
+    plans = sibling_plans()
+    suggestions: dict[str, Suggestion] = {}
+    unresolved = []
+    for f in report.findings:
+        if f.kind != "replicated_weight" or f.severity != "error":
+            continue
+        facts = f.facts or {}
+        key = facts.get("relative_key") or f.target
+        if key in base_plan or key in suggestions or key in (defer or ()) or \
+                any(key == u.split("`")[1] for u in unresolved):
+            continue
+        module_facts = (layouts or {}).get(key.rpartition(".")[0]) if facts.get("key_kind") == "parameter" else None
+        if module_facts is not None:
+            layout = []
+            if module_facts.is_transposed:
+                layout.append("stored [E, in, out]")
+            if module_facts.is_concatenated is False:
+                layout.append("gate and up interleaved")
+            unresolved.append(f"`{key}`: its experts ({module_facts.type}) are {' and '.join(layout)}, unlike the "
+                              "architectures whose experts rules would match; shard them by expert (--ep) or write "
+                              "a rule for this layout")
+            continue
+        if text_prefix and not f.target.startswith(text_prefix + "."):
+            unresolved.append(f"`{key}`: a class-level rule (e.g. `_tp_plan = {{\"{key}\": ...}}` on the model "
+                              "class), which a base_model_tp_plan cannot express")
+            continue
+        matched, votes, voters = _votes_for(key, plans)
+        if not votes:
+            unresolved.append(f"`{key}`: no architecture in this transformers shards a module of that name")
+            continue
+        style, count = votes.most_common(1)[0]
+        suggestions[key] = Suggestion(key, style, voters[style][:5], matched, count)
+        # A parameter of a module (`experts.gate_up_proj`) brings its module's rule (`experts: moe_tp_experts`).
+        module = key.rpartition(".")[0]
+        if facts.get("key_kind") == "parameter" and module and module not in base_plan and module not in suggestions:
+            m_matched, m_votes, m_voters = _votes_for(module, plans)
+            if m_votes:
+                m_style, m_count = m_votes.most_common(1)[0]
+                suggestions[module] = Suggestion(module, m_style, m_voters[m_style][:5], m_matched, m_count)
+    return list(suggestions.values()), unresolved
+
+
+def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Suggestion]) -> str:
+    """A ready `base_model_tp_plan` for `owner_class`, the added rules marked with their voters."""
+    lines = [f"# {owner_class}", "base_model_tp_plan = {"]
+    for key, style in base_plan.items():
+        lines.append(f'    "{key}": "{style}",')
+    for s in suggestions:
+        lines.append(f'    "{s.key}": "{s.style}",  # added: as in {s.votes} plan(s), e.g. {", ".join(s.voters[:3])}')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
