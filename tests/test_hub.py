@@ -1,0 +1,160 @@
+"""The Hub source against a loopback server that answers like the Hub's file endpoints (no internet here).
+
+The server holds Qwen3-VL-30B-A3B-Instruct as 13 sparse shards with the real headers (62 GB apparent, a few hundred
+kB on disk). tpaudit must read only headers, give the local directory's numbers, cache them, work offline after one
+online run, and turn 401/404 into exit 2 with advice, never printing a token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+from hubserver import FakeHub
+
+REPO = "Qwen/Qwen3-VL-30B-A3B-Instruct"
+TOKEN = "hf_tpauditTestSecret0123456789"
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    from tpaudit.sources import open_source
+    from tpaudit.sparse import write_sparse_checkpoint
+
+    directory = tmp_path_factory.mktemp("qwen")
+    shards = write_sparse_checkpoint(open_source(str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")),
+                                     directory)
+    assert len(shards) == 13
+    return directory
+
+
+@pytest.fixture(scope="module")
+def hub(qwen_dir):
+    with FakeHub() as server:
+        server.add(REPO, qwen_dir)
+        server.add("acme/gated-model", qwen_dir, token=TOKEN)
+        bin_only = qwen_dir.parent / "bin-only"
+        bin_only.mkdir()
+        (bin_only / "config.json").write_text((qwen_dir / "config.json").read_text())
+        (bin_only / "pytorch_model.bin").write_bytes(b"\0" * 16)
+        server.add("acme/bin-only", bin_only)
+        yield server
+
+
+def env_for(hub, home: Path, **extra) -> dict:
+    return {"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_TOKEN": "", **extra}
+
+
+def repo_requests(hub):
+    return [r for r in hub.requests if r.repo]
+
+
+def test_hub_equals_local_and_reads_only_headers(hub, qwen_dir, tmp_path):
+    hub.clear()
+    proc = run_cli("check", REPO, "--tp", "4", "--format", "json", env=env_for(hub, tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    remote = json.loads(proc.stdout)
+    local = json.loads(run_cli("check", str(qwen_dir), "--tp", "4", "--format", "json").stdout)
+    for key in ("ranks", "total_param_bytes", "replicated", "unused_rules", "findings", "params", "kv_cache"):
+        assert remote[key] == local[key], key
+    assert remote["model"]["repo_id"] == REPO and remote["model"]["commit"] == hub.repos[REPO].commit
+    checkpoint = sum(os.path.getsize(p) for p in qwen_dir.glob("*.safetensors"))
+    assert checkpoint > 62e9
+    shard_reads = [r for r in repo_requests(hub) if r.file.endswith(".safetensors") and r.method == "GET"]
+    assert len(shard_reads) == 13 and all(r.range for r in shard_reads)     # Range reads only
+    assert hub.bytes_sent() < 1e-4 * checkpoint
+    assert proc.stderr == ""  # no progress bar with --format json / when stdout is not a terminal
+
+
+def test_single_request_variant_when_the_server_offers_it(qwen_dir, tmp_path):
+    with FakeHub(offer_sharded_metadata=True) as server:
+        server.add(REPO, qwen_dir)
+        proc = run_cli("check", REPO, "--tp", "4", "--format", "json", env=env_for(server, tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["worst_rank_param_bytes"] == 16_362_514_912
+        assert [r.file for r in repo_requests(server) if r.file == "safetensors-metadata"] == ["safetensors-metadata"]
+        assert not [r for r in repo_requests(server) if r.file.endswith(".safetensors")]
+
+
+def test_second_run_and_offline_run_use_the_cache(hub, tmp_path):
+    env = env_for(hub, tmp_path / "hf")
+    assert run_cli("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == 0
+    hub.clear()
+    second = run_cli("check", REPO, "--tp", "4", "--format", "json", env=env)
+    assert second.returncode == 0
+    assert not [r for r in repo_requests(hub) if r.file.endswith(".safetensors")]   # no header read
+    hub.clear()
+    offline = run_cli("check", REPO, "--tp", "4", "--format", "json", env={**env, "HF_HUB_OFFLINE": "1"})
+    assert offline.returncode == 0, offline.stderr
+    assert repo_requests(hub) == []
+    assert json.loads(offline.stdout)["worst_rank_param_bytes"] == 16_362_514_912
+
+
+def test_offline_without_cache_is_exit_2(hub, tmp_path):
+    proc = run_cli("check", REPO, "--tp", "4", env=env_for(hub, tmp_path / "empty", HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 2 and "offline" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_gated_repo_needs_a_token_which_is_never_printed(hub, tmp_path):
+    home = tmp_path / "hf"
+    denied = run_cli("check", "acme/gated-model", "--tp", "4", "--token", "hf_wrongToken999", env=env_for(hub, home))
+    assert denied.returncode == 2
+    assert "gated" in denied.stderr and "hf auth login" in denied.stderr
+    assert "hf_wrongToken999" not in denied.stderr + denied.stdout
+    ok = run_cli("check", "acme/gated-model", "--tp", "4", "--token", TOKEN, "--format", "json",
+                 env=env_for(hub, home))
+    assert ok.returncode == 0, ok.stderr
+    out = tmp_path / "snap.json.gz"
+    snap = run_cli("snapshot", "acme/gated-model", "--token", TOKEN, "-o", str(out), env=env_for(hub, home))
+    assert snap.returncode == 0, snap.stderr
+    assert TOKEN not in ok.stdout + ok.stderr + snap.stdout + snap.stderr
+    for path in [*home.rglob("*"), out]:
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+            if path.suffix == ".gz":
+                import gzip
+
+                assert TOKEN.encode() not in gzip.decompress(path.read_bytes()), path
+
+
+def test_missing_repo_and_revision_are_exit_2_with_advice(hub, tmp_path):
+    proc = run_cli("check", "acme/no-such-model", "--tp", "2", env=env_for(hub, tmp_path))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "repo id" in proc.stderr
+    proc = run_cli("check", REPO, "--tp", "2", "--revision", "v999", env=env_for(hub, tmp_path))
+    assert proc.returncode == 2 and "revision 'v999' does not exist" in proc.stderr
+    assert all("Traceback" not in p for p in (proc.stderr,))
+
+
+def test_unreachable_endpoint_names_it(tmp_path):
+    proc = run_cli("check", "acme/anything", "--tp", "2",
+                   env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path), "HF_TOKEN": ""})
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr  # huggingface_hub's retry warnings are silenced
+    assert lines[0].startswith("error: cannot reach http://127.0.0.1:9") and "HF_ENDPOINT" in lines[0]
+
+
+def test_bin_only_repo_falls_back_to_config_only(hub, tmp_path):
+    proc = run_cli("check", "acme/bin-only", "--tp", "4", "--format", "json", env=env_for(hub, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["model"]["config_only"] is True
+    assert any("no model.safetensors" in n for n in out["notes"])
+    assert out["worst_rank_param_bytes"] == 16_362_514_912     # meta-model shapes x bf16 give the same bytes
+
+
+def test_snapshot_records_repo_and_commit(hub, tmp_path):
+    out = tmp_path / "qwen.snapshot.json.gz"
+    proc = run_cli("snapshot", REPO, "-o", str(out), env=env_for(hub, tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    from conftest import read_json_any
+
+    doc = read_json_any(out)
+    assert doc["source"]["repo_id"] == REPO and doc["source"]["commit"] == hub.repos[REPO].commit
+    assert len(doc["tensors"]) == 882 and len(doc["files"]) == 13
+    offline = run_cli("check", str(out), "--tp", "4", "--format", "json")
+    assert json.loads(offline.stdout)["worst_rank_param_bytes"] == 16_362_514_912

@@ -1,0 +1,219 @@
+"""Hub source: `config.json` and the safetensors headers of a Hub repo, through `huggingface_hub`; never the weights.
+
+1. `hf_hub_download(config.json)`: one HEAD + GET of the resolve endpoint; the client's cache keeps it, and its
+   snapshot path names the resolved commit. Every later request is pinned to that commit.
+2. Headers: on the default revision, the single-request `HfApi.get_sharded_safetensors_metadata` where the server
+   offers it; otherwise (or when it answers with an error) `HfApi.get_safetensors_metadata` at the commit: the index,
+   then HTTP Range reads of each shard's header (the first 100 kB, a second read only for larger headers), in
+   parallel threads. A 60 GB checkpoint costs about 1 MB.
+3. The parsed table is cached as a `tpaudit/snapshot/v1` file keyed by endpoint, repo and commit under
+   `$HF_HOME/tpaudit/`, so a second run reads no header and an `HF_HUB_OFFLINE=1` run works after one online run.
+
+`HF_ENDPOINT`, `HF_TOKEN` (or the stored login, or `--token`), `HF_HOME`/`HF_HUB_CACHE` and `HF_HUB_OFFLINE` are
+read when the source is opened. A token is passed to the client only; it is never printed or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..errors import (CheckpointError, ConfigError, GatedRepoError, HubConnectionError, HubError,
+                      RepoNotFoundError)
+from ..model import ModelSource
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or (env or "").upper() in _TRUE
+
+
+def _hf_home() -> Path:
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("HF_HOME") or constants.HF_HOME).expanduser()
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]).expanduser() / "hub")
+    return constants.HF_HUB_CACHE
+
+
+def header_cache_path(endpoint: str, repo_id: str, commit: str) -> Path:
+    """Where the parsed safetensors table of `repo_id@commit` on `endpoint` is cached."""
+    host = urlparse(endpoint).netloc or "hub"
+    tag = hashlib.sha256(endpoint.encode()).hexdigest()[:8]
+    return _hf_home() / "tpaudit" / "headers" / f"{host.replace(':', '_')}-{tag}" / \
+        repo_id.replace("/", "--") / f"{commit}.snapshot.json.gz"
+
+
+def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str, what: str) -> None:
+    """Translate a huggingface_hub / httpx failure into a one-line `HubError`."""
+    from huggingface_hub import errors as hf
+
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, hf.GatedRepoError):
+        raise GatedRepoError(
+            f"cannot read {at}: the repo is gated (HTTP {status or 401}). Accept its terms on the Hub, then run 'hf "
+            "auth login' or set HF_TOKEN (or pass --token)", repo_id=repo_id, revision=revision) from None
+    if isinstance(e, hf.RevisionNotFoundError):
+        raise RepoNotFoundError(f"cannot read {at}: revision {revision!r} does not exist (HTTP 404). Pass an existing "
+                                "branch, tag or commit with --revision", repo_id=repo_id, revision=revision) from None
+    if isinstance(e, hf.RepositoryNotFoundError):
+        private = " or is private and you are not logged in" if status == 401 else ""
+        raise RepoNotFoundError(f"cannot read {at}: the repo does not exist on {endpoint}{private} (HTTP "
+                                f"{status or 404}). Check the repo id; for a private repo run 'hf auth login' or pass "
+                                "--token", repo_id=repo_id, revision=revision) from None
+    if status in (401, 403):
+        raise GatedRepoError(f"cannot read {at}: access denied (HTTP {status}). Log in with 'hf auth login', set "
+                             "HF_TOKEN or pass --token", repo_id=repo_id, revision=revision) from None
+    if isinstance(e, hf.EntryNotFoundError) and not isinstance(e, hf.LocalEntryNotFoundError):
+        raise ConfigError(f"cannot read {at}: the repo has no {what}. tpaudit needs a transformers model repo with "
+                          "a config.json") from None
+    if isinstance(e, hf.LocalEntryNotFoundError) or isinstance(e, hf.OfflineModeIsEnabled):
+        if _offline():
+            raise HubConnectionError(f"cannot read {at} offline: {what} is not in the cache. Run once without "
+                                     "HF_HUB_OFFLINE=1, or record a snapshot with 'tpaudit snapshot'",
+                                     repo_id=repo_id, revision=revision) from None
+        cause = e.__cause__ or e.__context__
+        reason = f"{type(cause).__name__}: {str(cause)[:120]}" if cause else str(e).splitlines()[0][:160]
+        raise HubConnectionError(f"cannot reach {endpoint} for {at} ({reason}). Check the network or HF_ENDPOINT; "
+                                 "HF_HUB_OFFLINE=1 uses the cache", repo_id=repo_id, revision=revision) from None
+    if isinstance(e, hf.SafetensorsParsingError):
+        raise CheckpointError(f"cannot read the safetensors headers of {at}: {str(e).rstrip('.')}. The shard is "
+                              "malformed or its header exceeds huggingface_hub's size cap") from None
+    if isinstance(e, hf.HfHubHTTPError):
+        raise HubError(f"cannot read {at}: {endpoint} answered HTTP {status}. Retry later or check HF_ENDPOINT",
+                       repo_id=repo_id, revision=revision) from None
+    # httpx transport errors: connection refused, DNS, timeouts
+    name = type(e).__name__
+    if "Timeout" in name or "Connect" in name or "Network" in name or isinstance(e, (ConnectionError, TimeoutError)):
+        kind = "timed out" if "Timeout" in name or isinstance(e, TimeoutError) else "is unreachable"
+        raise HubConnectionError(f"cannot read {at}: {endpoint} {kind} ({name}). Check the network or HF_ENDPOINT; "
+                                 "HF_HUB_OFFLINE=1 uses the cache", repo_id=repo_id, revision=revision) from None
+    raise e
+
+
+def _fetch_metadata(api, repo_id: str, commit: str, default_revision: bool):
+    """Safetensors headers at `commit`: the single-request variant first on the default revision, else Range reads.
+    Returns `None` for a repo without safetensors."""
+    from huggingface_hub import errors as hf
+
+    if default_revision:
+        try:
+            meta = api.get_sharded_safetensors_metadata(repo_id)
+            if meta.files_metadata:
+                return meta
+        except (hf.HfHubHTTPError, KeyError, ValueError, TypeError):
+            pass  # not offered by this server, or not a sharded repo: parse the headers one by one
+    try:
+        return api.get_safetensors_metadata(repo_id, revision=commit)
+    except hf.NotASafetensorsRepoError:
+        return None
+
+
+def load_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
+             progress: bool = False) -> ModelSource:
+    """Read a Hub repo's config and safetensors headers (never its weights).
+
+    Args:
+        repo_id (`str`): `org/name`.
+        revision (`str`, *optional*): branch, tag or commit; default: the repo's default branch.
+        token (`str`, *optional*): access token; default: `HF_TOKEN` or the stored login.
+        progress (`bool`, *optional*, defaults to `False`): show huggingface_hub's progress bar on header fetches.
+
+    Returns:
+        `ModelSource` of kind `"hub"` with the resolved `commit`.
+
+    Raises:
+        GatedRepoError: HTTP 401/403.
+        RepoNotFoundError: no such repo or revision (HTTP 404).
+        ConfigError: the repo has no `config.json`.
+        HubConnectionError: the endpoint is unreachable or timed out, or an offline run misses the cache.
+        CheckpointError: a header is malformed or over the client's size cap.
+    """
+    from huggingface_hub.utils import logging as hf_logging  # configures its root logger on first import
+
+    endpoint = _endpoint()
+    offline = _offline()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its retry warnings would break the one-line error; tpaudit says what failed
+    try:
+        return _load(repo_id, revision, token, progress, endpoint, offline)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.utils import disable_progress_bars
+
+    from .local import read_config, tensors_from_safetensors_metadata
+    from .snapshot import load_snapshot, write_snapshot
+
+    try:
+        config_file = hf_hub_download(repo_id, "config.json", revision=revision, token=token, endpoint=endpoint,
+                                      cache_dir=_hub_cache(), local_files_only=offline)
+    except Exception as e:  # noqa: BLE001 - translated into one-line errors, re-raised otherwise
+        _raise_hub_error(e, repo_id, revision, endpoint, "config.json")
+    config_path = Path(config_file)
+    commit = config_path.parent.name if _COMMIT.match(config_path.parent.name) else None
+    config = read_config(config_path)
+    notes: list[str] = []
+    tensors = None
+    cache = header_cache_path(endpoint, repo_id, commit) if commit else None
+    if cache is not None and cache.is_file():
+        tensors = load_snapshot(str(cache)).tensors
+        notes.append("checkpoint headers read from tpaudit's cache (" + str(cache) + ")")
+        if tensors is None:
+            notes.append("config only: the repo has no safetensors checkpoint at this commit")
+    elif offline:
+        raise HubConnectionError(f"cannot read {repo_id}@{revision or 'default branch'} offline: its safetensors "
+                                 "headers are not in tpaudit's cache. Run once without HF_HUB_OFFLINE=1",
+                                 repo_id=repo_id, revision=revision)
+    else:
+        api = HfApi(endpoint=endpoint, token=token)
+        try:
+            if progress:
+                metadata = _fetch_metadata(api, repo_id, commit or revision, revision in (None, "main"))
+            else:
+                with disable_progress_bars():
+                    metadata = _fetch_metadata(api, repo_id, commit or revision, revision in (None, "main"))
+        except Exception as e:  # noqa: BLE001
+            _raise_hub_error(e, repo_id, revision, endpoint, "safetensors index")
+        if metadata is None:
+            notes.append("config only: the repo has no model.safetensors or model.safetensors.index.json (.bin/.pth "
+                         "weights cannot be listed without downloading them); shapes come from the meta model and "
+                         "bytes from the config's dtype")
+        else:
+            tensors = tensors_from_safetensors_metadata(metadata)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            source = ModelSource(ref=repo_id, kind="hub", config=config, tensors=tensors, repo_id=repo_id,
+                                 revision=revision, commit=commit)
+            tmp = cache.with_name(f"{commit}.{os.getpid()}.tmp.json.gz")  # write, then rename: no torn cache file
+            write_snapshot(source, tmp, origin=f"safetensors headers of {repo_id}@{commit} on {endpoint}")
+            os.replace(tmp, cache)
+    return ModelSource(ref=repo_id, kind="hub", config=config, tensors=tensors, repo_id=repo_id, revision=revision,
+                       commit=commit, config_path=str(config_path), config_dir=str(config_path.parent),
+                       notes=tuple(notes))
