@@ -91,12 +91,14 @@ class RankKV:
         bytes_per_token (`int`): over all layers with a per-token cache.
         full_bytes_per_token (`int`): of those, the layers whose cache grows with the whole context.
         window_bytes_per_token (`int`): of those, sliding/chunked layers (they stop growing at their window).
+        by_window (`dict[int, int]`): `window_bytes_per_token` split by window size.
     """
 
     heads_per_layer: tuple[float, ...]
     bytes_per_token: int
     full_bytes_per_token: int
     window_bytes_per_token: int
+    by_window: dict[int, int] = None  # window (tokens) -> bytes per token of the layers with that window
 
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -138,7 +140,7 @@ def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -
     world = shard_map.world_size
     out = []
     for r in range(world):
-        heads, total, full, window = [], 0, 0, 0
+        heads, total, full, window, by_window = [], 0, 0, 0, {}
         for layer in layers:
             if layer.kind == "none":
                 continue
@@ -154,9 +156,10 @@ def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -
             total += b
             if layer.window:
                 window += b
+                by_window[layer.window] = by_window.get(layer.window, 0) + b
             else:
                 full += b
-        out.append(RankKV(tuple(heads), total, full, window))
+        out.append(RankKV(tuple(heads), total, full, window, by_window))
     return out
 
 
@@ -179,10 +182,31 @@ def kv_summary(text_config, shard_map, text_prefix: str, itemsize: int, dtype: s
         "full_context_bytes_per_token_per_rank": [rk.full_bytes_per_token for rk in ranks],
         "window_bytes_per_token_per_rank": [rk.window_bytes_per_token for rk in ranks],
         "windows": sorted({layer.window for layer in cached if layer.window}),
+        "window_bytes_per_token_by_window": {str(w): [rk.by_window.get(w, 0) for rk in ranks]
+                                             for w in sorted({layer.window for layer in cached if layer.window})},
         "bytes_per_token_whole_model": sum(layer.bytes_per_token(itemsize) for layer in layers),
+        "linear_state_bytes_per_sequence": linear_state_bytes_per_sequence(text_config, itemsize),
+        "itemsize": itemsize,
     }
 
 
 def _compact(values: list[float]):
     ints = [int(v) if float(v).is_integer() else round(v, 4) for v in values]
     return ints[0] if len(ints) == 1 else ints
+
+
+def linear_state_bytes_per_sequence(text_config, itemsize: int) -> int:
+    """Fixed-size state of the linear-attention layers (Gated DeltaNet) per sequence, whole model.
+
+    Per layer: the convolution state `conv_dim x conv_kernel` in the cache dtype, `conv_dim = 2 * key_dim + value_dim`,
+    and the recurrent state `num_v_heads x head_k_dim x head_v_dim` in float32, as transformers' Gated DeltaNet layers
+    (qwen3_next, qwen3_5) keep them in `LinearAttentionCacheLayerMixin`. 0 for models without such layers.
+    """
+    n = sum(1 for t in (getattr(text_config, "layer_types", None) or []) if t == "linear_attention")
+    kernel = getattr(text_config, "linear_conv_kernel_dim", None)
+    if not n or not kernel:
+        return 0
+    k_heads, v_heads = text_config.linear_num_key_heads, text_config.linear_num_value_heads
+    k_dim, v_dim = text_config.linear_key_head_dim, text_config.linear_value_head_dim
+    conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+    return n * (conv_dim * kernel * itemsize + v_heads * k_dim * v_dim * 4)

@@ -1,0 +1,263 @@
+"""`tpaudit size`: which (tp_size, ep_size) fits a GPU, with the KV cache, from the exact simulation.
+
+For each option the model is simulated as `check` does (transformers' own plan and TP/EP code), so replicated weights
+and uneven shards count on the rank that holds them. Per rank:
+
+    weights   the rank's parameter bytes (exact)
+    KV cache  per-token bytes of each layer on that rank x tokens kept: full-attention layers keep `context`
+              tokens, sliding/chunked layers `min(window, context)`, times `batch`; linear-attention layers keep a
+              fixed state per sequence (conv state + float32 recurrent state), held whole by every rank
+    overhead  the overhead policy (below)
+
+The worst rank decides whether the option fits. An option whose plan splits a KV head (TPA102), or that
+transformers refuses to shard (experts that `ep_size` does not divide), is invalid, with the reason.
+
+Overhead policy (default, documented in the README): 1 GiB per GPU for the CUDA context and communication buffers,
+plus 8% of the GPU's memory for the allocator's fragmentation and activation workspace. `--overhead 4GiB` replaces
+it with a fixed amount, `--overhead 10%` with a share of the GPU's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UsageError
+from .model import ModelSource
+
+SIZE_SCHEMA = "tpaudit/size/v1"
+DEFAULT_CONTEXT_BYTES = 1 << 30
+DEFAULT_RESERVE_SHARE = 0.08
+
+
+@dataclass(frozen=True)
+class OverheadPolicy:
+    """Bytes per GPU that are neither weights nor KV cache: `fixed_bytes + reserve_share x capacity`."""
+
+    fixed_bytes: int = DEFAULT_CONTEXT_BYTES
+    reserve_share: float = DEFAULT_RESERVE_SHARE
+
+    def bytes_for(self, capacity: int) -> int:
+        return self.fixed_bytes + int(self.reserve_share * capacity)
+
+    def describe(self) -> str:
+        parts = []
+        if self.fixed_bytes:
+            parts.append(f"{self.fixed_bytes:,} B fixed (CUDA context, communication buffers)")
+        if self.reserve_share:
+            parts.append(f"{self.reserve_share:.0%} of GPU memory (allocator, activations)")
+        return " + ".join(parts) or "none"
+
+
+def parse_overhead(text: str | None) -> OverheadPolicy:
+    """`None` -> the default policy; `"10%"` -> a share of GPU memory; `"4GiB"` -> fixed bytes.
+
+    Raises:
+        UsageError: neither form.
+    """
+    from .units import parse_bytes
+
+    if text is None:
+        return OverheadPolicy()
+    value = text.strip()
+    try:
+        if value.endswith("%"):
+            share = float(value[:-1]) / 100
+            if not 0 <= share < 1:
+                raise ValueError
+            return OverheadPolicy(fixed_bytes=0, reserve_share=share)
+        return OverheadPolicy(fixed_bytes=parse_bytes(value), reserve_share=0.0)
+    except ValueError:
+        raise UsageError(f"--overhead {text} is neither a byte size (4GiB) nor a share of GPU memory (10%)") from None
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank of one option: `param_bytes + kv_cache_bytes + state_bytes + overhead_bytes = total_bytes`."""
+
+    rank: int
+    param_bytes: int
+    kv_cache_bytes: int
+    state_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.kv_cache_bytes + self.state_bytes + self.overhead_bytes
+
+
+@dataclass(frozen=True)
+class SizeOption:
+    """One (tp_size, ep_size) choice.
+
+    Attributes:
+        tp_size (`int`), ep_size (`int`).
+        valid (`bool`): `False` when the plan splits a KV head or transformers refuses the sizes.
+        reason (`str`, *optional*): why it is invalid.
+        ranks (`tuple[RankMemory, ...]`): every rank's memory (empty when the simulation could not run).
+        kv_cache_bytes_per_token_per_rank (`int`): worst rank, all cached layers.
+        capacity_bytes (`int`): the GPU's memory.
+        total_param_bytes (`int`): the whole model, for the naive `total / N` comparison.
+        errors (`list[str]`): codes and targets of the error findings of this option (context, not a verdict).
+    """
+
+    tp_size: int
+    ep_size: int
+    valid: bool
+    reason: str | None
+    ranks: tuple[RankMemory, ...]
+    kv_cache_bytes_per_token_per_rank: int
+    capacity_bytes: int
+    total_param_bytes: int
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def worst(self) -> RankMemory | None:
+        return max(self.ranks, key=lambda r: (r.total_bytes, -r.rank)) if self.ranks else None
+
+    @property
+    def fits(self) -> bool:
+        return self.valid and self.worst is not None and self.worst.total_bytes <= self.capacity_bytes
+
+    @property
+    def naive_param_bytes(self) -> int:
+        """What `total / world_size` would claim each rank holds."""
+        return -(-self.total_param_bytes // max(self.tp_size, self.ep_size))
+
+    def to_json(self) -> dict[str, Any]:
+        w = self.worst
+        return {
+            "tp_size": self.tp_size, "ep_size": self.ep_size, "valid": self.valid, "reason": self.reason,
+            "worst_rank": w.rank if w else None,
+            "worst_rank_param_bytes": w.param_bytes if w else None,
+            "kv_cache_bytes_per_token_per_rank": self.kv_cache_bytes_per_token_per_rank,
+            "kv_cache_bytes": w.kv_cache_bytes if w else None,
+            "state_bytes": w.state_bytes if w else None,
+            "overhead_bytes": w.overhead_bytes if w else None,
+            "total_bytes": w.total_bytes if w else None,
+            "free_bytes": self.capacity_bytes - w.total_bytes if w else None,
+            "fits": self.fits,
+            "naive_param_bytes": self.naive_param_bytes,
+            "errors": self.errors,
+            "ranks": [{"rank": r.rank, "param_bytes": r.param_bytes, "kv_cache_bytes": r.kv_cache_bytes,
+                       "state_bytes": r.state_bytes, "overhead_bytes": r.overhead_bytes,
+                       "total_bytes": r.total_bytes} for r in self.ranks],
+        }
+
+
+@dataclass(frozen=True)
+class SizeReport:
+    """All options for one model and GPU, and the recommendation (the smallest valid tp, then ep, that fits)."""
+
+    model: dict[str, Any]
+    gpu: dict[str, Any]
+    context: int
+    batch: int
+    kv_dtype: str
+    overhead: OverheadPolicy
+    options: tuple[SizeOption, ...]
+    versions: dict[str, str]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def recommended(self) -> SizeOption | None:
+        fitting = [o for o in self.options if o.fits]
+        return min(fitting, key=lambda o: (o.tp_size, o.ep_size)) if fitting else None
+
+    def to_json(self) -> dict[str, Any]:
+        rec = self.recommended
+        return {
+            "schema": SIZE_SCHEMA, "model": self.model, "gpu": self.gpu, "context": self.context,
+            "batch": self.batch, "kv_dtype": self.kv_dtype,
+            "overhead_policy": {"fixed_bytes": self.overhead.fixed_bytes,
+                                "reserve_share": self.overhead.reserve_share,
+                                "description": self.overhead.describe()},
+            "options": [o.to_json() for o in self.options],
+            "recommended": {"tp_size": rec.tp_size, "ep_size": rec.ep_size} if rec else None,
+            "versions": self.versions, "notes": list(self.notes),
+        }
+
+
+def _kv_bytes(kv: dict, rank: int, context: int, batch: int, scale: float) -> int:
+    full = kv["full_context_bytes_per_token_per_rank"][rank] * context
+    windowed = sum(per_rank[rank] * min(int(w), context) for w, per_rank in kv["window_bytes_per_token_by_window"].items())
+    return int(round((full + windowed) * batch * scale))
+
+
+def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None, tp_sizes: list[int],
+               ep_sizes: list[int] | None = None, context: int = 8192, batch: int = 1, kv_dtype: str | None = None,
+               overhead: OverheadPolicy | None = None, plan_override: dict | None = None,
+               architecture: str | None = None, trust_remote_code: bool = False,
+               dtype: str | None = None) -> SizeReport:
+    """Simulate every (tp, ep) option and size each rank against `capacity_bytes`.
+
+    Args:
+        source (`ModelSource`): the model.
+        capacity_bytes (`int`): memory of one GPU, bytes.
+        gpu_name (`str`, *optional*): preset name, for the report.
+        tp_sizes (`list[int]`): tensor-parallel sizes to try.
+        ep_sizes (`list[int]`, *optional*): expert-parallel sizes; each is combined with the tp sizes it is valid
+            for in transformers 5.23 (1, or equal to tp). Default `[1]`.
+        context (`int`): tokens per sequence kept in the KV cache.
+        batch (`int`): sequences.
+        kv_dtype (`str`, *optional*): cache dtype (`bfloat16`, `float16`, `float8_e4m3fn`, `float32`); default: the
+            model's dtype.
+        overhead (`OverheadPolicy`, *optional*): default 1 GiB + 8% of capacity.
+        plan_override, architecture, trust_remote_code, dtype: as for `check`.
+
+    Returns:
+        `SizeReport`.
+
+    Raises:
+        UsageError: no valid size to try, or a bad kv dtype.
+        ConfigError, PlanError: as for `check`.
+    """
+    import torch
+
+    from . import __version__
+    from ._compat import check_versions
+    from .audit import audit_source
+
+    if context < 1 or batch < 1:
+        raise UsageError(f"--context {context} / --batch {batch} must be positive integers")
+    overhead = overhead or OverheadPolicy()
+    versions = {"tpaudit": __version__, **check_versions()}
+    ep_sizes = ep_sizes or [1]
+    combos = sorted({(tp, ep) for tp in tp_sizes for ep in ep_sizes if ep in (1, tp)})
+    if not combos:
+        raise UsageError(f"no (tp, ep) pair to try: --ep {ep_sizes} must be 1 or equal to one of --tp {tp_sizes} "
+                         "(transformers 5.23 without FSDP)")
+    options, model_info, notes, kv_name = [], None, set(), kv_dtype
+    for tp, ep in combos:
+        try:
+            report = audit_source(source, tp_size=tp, ep_size=ep, plan_override=plan_override,
+                                  architecture=architecture, trust_remote_code=trust_remote_code, dtype=dtype)
+        except UsageError as e:
+            options.append(SizeOption(tp, ep, False, str(e), (), 0, capacity_bytes, 0))
+            continue
+        model_info = model_info or report.model
+        notes.update(report.notes)
+        kv = report.extra.get("kv_cache")
+        kv_name = kv_dtype or (kv["dtype"] if kv else report.model["dtype"])
+        try:
+            kv_itemsize = torch.empty((), dtype=getattr(torch, kv_name)).element_size()
+        except (AttributeError, TypeError):
+            raise UsageError(f"--kv-dtype {kv_name} is not a torch dtype. Pass bfloat16, float16, float8_e4m3fn or "
+                             "float32") from None
+        scale = kv_itemsize / kv["itemsize"] if kv else 1.0
+        state = int(kv["linear_state_bytes_per_sequence"] * scale) * batch if kv else 0
+        over = overhead.bytes_for(capacity_bytes)
+        ranks = tuple(RankMemory(r, report.rank_param_bytes[r],
+                                 _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
+                      for r in range(report.shard_map.world_size))
+        kv_findings = [f for f in report.findings if f.code == "TPA102"]
+        reason = kv_findings[0].message if kv_findings else None
+        per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
+        options.append(SizeOption(tp, ep, reason is None, reason, ranks, per_token, capacity_bytes,
+                                  report.total_param_bytes,
+                                  [f"{f.code} {f.target}" for f in report.findings if f.severity == "error"]))
+    if model_info is None:
+        model_info = {"ref": source.ref, "repo_id": source.repo_id}
+    gpu = {"name": gpu_name, "memory_bytes": capacity_bytes}
+    return SizeReport(model=model_info, gpu=gpu, context=context, batch=batch, kv_dtype=kv_name or "model dtype",
+                      overhead=overhead, options=tuple(options), versions=versions, notes=tuple(sorted(notes)))
