@@ -11,7 +11,8 @@ from .model import Finding, ModelSource, ParamGroup, ReplicatedFamily, Report, S
 
 def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict[str, str] | None = None,
                  architecture: str | None = None, trust_remote_code: bool = False, dtype: str | None = None,
-                 options: CheckOptions | None = None, suggest: bool = False) -> Report:
+                 options: CheckOptions | None = None, suggest: bool = False, config=None,
+                 instance_plans: dict | None = None, dist_overrides: dict | None = None) -> Report:
     """Simulate `source` at (tp_size, ep_size) with the installed transformers and run every check.
 
     Args:
@@ -25,6 +26,8 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
         options (`CheckOptions`, *optional*): budgets (`--max-replicated`).
         suggest (`bool`, *optional*, defaults to `False`): propose rules for replicated families from sibling
             architectures, re-simulate with them, and add the `suggestion` section (see `suggest.py`).
+        config (`PretrainedConfig`, *optional*), instance_plans (`dict`, *optional*): see `build.build_model`.
+        dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides.
 
     Returns:
         `Report`.
@@ -38,12 +41,13 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
     from .simulate import simulate
 
     versions = {"tpaudit": __version__, **check_versions()}
-    distributed_config(tp_size, ep_size)  # fail on bad sizes before building anything
+    distributed_config(tp_size, ep_size, dist_overrides)  # fail on bad sizes before building anything
     built = build_model(source, plan_override=plan_override, architecture=architecture,
-                        trust_remote_code=trust_remote_code, dtype=dtype)
+                        trust_remote_code=trust_remote_code, dtype=dtype, config=config,
+                        instance_plans=instance_plans)
     lm_head_names = _lm_head_names(built.model)
     modules = _module_facts(built.model)
-    plan = resolve_plan(built, tp_size, ep_size, plan_override)
+    plan = resolve_plan(built, tp_size, ep_size, plan_override, dist_overrides)
     shard_map = simulate(built, plan)
     ctx = CheckContext(source=source, config=built.config, architecture=built.architecture,
                        text_prefix=built.text_prefix, plan_owner=built.plan_owner, lm_head_names=lm_head_names,
@@ -58,6 +62,10 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
     if suggest:
         owner = built.config if not built.plan_owner else getattr(built.config, built.plan_owner)
         base_plan = dict(getattr(owner, "base_model_tp_plan", None) or {})
+        if instance_plans:  # a model object: its merged plan, not its config class's, is the one in force
+            prefix = built.text_prefix + "." if built.text_prefix else ""
+            base_plan = {k[len(prefix):]: v for k, v in plan.tp_rules.items()
+                         if k.startswith(prefix) and k not in plan.injected_rules}
         from .model import generic_name
 
         layouts = {ctx.relative_key(generic_name(name)): f for name, f in modules.items()
@@ -66,7 +74,7 @@ def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_ov
             report, base_plan, built.text_prefix, type(owner).__name__, layouts,
             lambda plan: audit_source(source, tp_size=tp_size, ep_size=ep_size, plan_override=plan,
                                       architecture=architecture, trust_remote_code=trust_remote_code, dtype=dtype,
-                                      options=options))
+                                      options=options, config=config, dist_overrides=dist_overrides))
     return report
 
 

@@ -250,7 +250,7 @@ def _make_quantizer(config, notes: list[str]) -> tuple[Any, dict | None]:
 
 def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = None,
                 architecture: str | None = None, trust_remote_code: bool = False,
-                dtype: str | None = None) -> BuiltModel:
+                dtype: str | None = None, config=None, instance_plans: dict | None = None) -> BuiltModel:
     """Build `source`'s model on the meta device as `from_pretrained` does, and map its checkpoint onto it.
 
     Args:
@@ -260,6 +260,9 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
         architecture (`str`, *optional*): model class name; default `config.architectures[0]`.
         trust_remote_code (`bool`, *optional*, defaults to `False`): allow the repo's own modeling code.
         dtype (`str`, *optional*): the `dtype` passed to `from_pretrained` (`"bfloat16"`); default `"auto"`.
+        config (`PretrainedConfig`, *optional*): use this config object (a copy) instead of reading `source.config`.
+        instance_plans (`dict`, *optional*): `{"tp": {...}, "ep": {...}}`: the merged plans of a model object
+            (`model.tp_plan`, `model.ep_plan`), set on the built model in place of the ones it merged itself.
 
     Returns:
         `BuiltModel`.
@@ -279,7 +282,12 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
     if plan_override is not None:
         validate_plan(plan_override)
     with quiet_libraries():
-        config = load_config(source, trust_remote_code=trust_remote_code)
+        if config is not None:
+            import copy
+
+            config = copy.deepcopy(config)
+        else:
+            config = load_config(source, trust_remote_code=trust_remote_code)
         owner, owner_path = _plan_owner(config)
         if plan_override is not None:
             owner.base_model_tp_plan = dict(plan_override)
@@ -302,6 +310,9 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
                                                                           "dequantize", False))
             _quantization_notes(qinfo, source, notes)
 
+        if instance_plans:
+            model._tp_plan = dict(instance_plans.get("tp") or {})
+            model._ep_plan = dict(instance_plans.get("ep") or {})
         _apply_dtype_plan(model, dtype, torch)
         mapping = None
         if source.tensors is not None:

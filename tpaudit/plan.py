@@ -40,6 +40,7 @@ class ResolvedPlan:
         text_prefix (`str`): path of the base model the plan keys are relative to (`model.language_model`).
         plan_owner (`str`): the config that owns `base_model_tp_plan` (`text_config`, or `""` for the top config).
         loader_errors (`tuple[str, ...]`): what `from_pretrained` itself would raise for this plan (an empty plan).
+        dist_overrides (`dict`, *optional*): `DistributedConfig(tp_plan=..., ep_plan=...)` overrides that were merged.
     """
 
     tp_size: int
@@ -56,6 +57,7 @@ class ResolvedPlan:
     text_prefix: str
     plan_owner: str
     loader_errors: tuple[str, ...] = field(default=())
+    dist_overrides: dict | None = None
 
     def rule_for(self, name: str) -> tuple[str | None, str | None, str | None]:
         """`(rule key, style, "tp" | "ep")` that applies to the concrete parameter `name`: its own generic name, else
@@ -75,8 +77,10 @@ class ResolvedPlan:
         return None, None, None
 
 
-def distributed_config(tp_size: int, ep_size: int = 1):
-    """`DistributedConfig(tp_size, ep_size)`, its own validation turned into a one-line `UsageError`.
+def distributed_config(tp_size: int, ep_size: int = 1, overrides: dict | None = None):
+    """`DistributedConfig(tp_size, ep_size, **overrides)`, its own validation turned into a one-line `UsageError`.
+
+    `overrides` may hold `tp_plan` / `ep_plan` dicts, which transformers merges into the model's plans.
 
     Raises:
         UsageError: a size < 1, or an `ep_size` transformers rejects (in 5.23 without FSDP: 1 or equal to `tp_size`).
@@ -88,19 +92,22 @@ def distributed_config(tp_size: int, ep_size: int = 1):
     from transformers.distributed import DistributedConfig
 
     try:
-        return DistributedConfig(tp_size=tp_size, ep_size=ep_size)
+        return DistributedConfig(tp_size=tp_size, ep_size=ep_size, **(overrides or {}))
     except ValueError as e:
         raise UsageError(f"--tp {tp_size} --ep {ep_size} is rejected by transformers: {e} Without FSDP, "
                          f"pass --ep 1 or --ep {tp_size}") from None
 
 
-def resolve_plan(built, tp_size: int, ep_size: int = 1, override: dict[str, str] | None = None) -> ResolvedPlan:
+def resolve_plan(built, tp_size: int, ep_size: int = 1, override: dict[str, str] | None = None,
+                 dist_overrides: dict | None = None) -> ResolvedPlan:
     """Resolve `built.model`'s plans for (tp_size, ep_size) with transformers' own code.
 
     Args:
         built (`BuiltModel`): from `build.build_model`.
         tp_size (`int`), ep_size (`int`): the sizes asked for.
         override (`dict`, *optional*): the `--plan` rules (already applied to the config; kept for the report).
+        dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides (merged by
+            transformers into the model's plans, as at load).
 
     Returns:
         `ResolvedPlan`.
@@ -110,36 +117,31 @@ def resolve_plan(built, tp_size: int, ep_size: int = 1, override: dict[str, str]
     """
     from itertools import chain
 
+    from ._compat import quiet_libraries
+
     model = built.model
-    dc = distributed_config(tp_size, ep_size)
-    tp_rules = dict(model.tp_plan or {})
-    ep_rules = dict(model.ep_plan or {})
-    names = {generic_name(n) for n, _ in chain(model.named_modules(), model.named_parameters())}
-    unused_tp = tuple(sorted(k for k in tp_rules if k not in names))
-    unused_ep = tuple(sorted(k for k in ep_rules if k not in names)) if ep_size > 1 else ()
-
-    loader_errors = []
-    if tp_size > 1 and not tp_rules:
-        loader_errors.append(f"from_pretrained raises ValueError: `tp_size={tp_size}` was requested, but "
-                             f"`{type(model).__name__}` has no `tp_plan`")
-    if ep_size > 1 and not ep_rules:
-        loader_errors.append(f"from_pretrained raises ValueError: `ep_size={ep_size}` was requested, but "
-                             f"`{type(model).__name__}` has no `ep_plan`")
-
+    dc = distributed_config(tp_size, ep_size, dist_overrides)
     applied_tp: dict[str, str] = {}
     applied_ep: dict[str, str] = {}
-    dropped: tuple[str, ...] = ()
-    if not loader_errors and (tp_size > 1 or ep_size > 1):
-        from ._compat import quiet_libraries
-
+    loader_errors = []
+    if tp_size > 1 or ep_size > 1:
         try:
             with quiet_libraries():
                 applied_tp, applied_ep, _ = model._resolve_parallel_plans(dc)
         except ValueError as e:
-            raise UsageError(f"transformers rejects this plan at tp_size {tp_size}, ep_size {ep_size}: {e}") from None
-        if ep_size > 1 and ep_rules:
-            is_expert = re.compile(rf"(?:{'|'.join(map(re.escape, ep_rules))})(?:\..+)?").fullmatch
-            dropped = tuple(sorted(k for k in tp_rules if is_expert(k)))
+            if "was requested, but" not in str(e):  # an empty plan: from_pretrained itself refuses, a finding
+                raise UsageError(f"transformers rejects this plan at tp_size {tp_size}, ep_size {ep_size}: "
+                                 f"{e}") from None
+            loader_errors.append(f"from_pretrained raises ValueError: {str(e).split(' Pass ')[0]}")
+    tp_rules = dict(model.tp_plan or {})  # merged with the DistributedConfig overrides, as transformers does
+    ep_rules = dict(model.ep_plan or {})
+    names = {generic_name(n) for n, _ in chain(model.named_modules(), model.named_parameters())}
+    unused_tp = tuple(sorted(k for k in tp_rules if k not in names))
+    unused_ep = tuple(sorted(k for k in ep_rules if k not in names)) if ep_size > 1 else ()
+    dropped: tuple[str, ...] = ()
+    if ep_size > 1 and ep_rules and not loader_errors:
+        is_expert = re.compile(rf"(?:{'|'.join(map(re.escape, ep_rules))})(?:\..+)?").fullmatch
+        dropped = tuple(sorted(k for k in tp_rules if is_expert(k)))
 
     prefix = built.text_prefix
     injected = {}
@@ -152,4 +154,4 @@ def resolve_plan(built, tp_size: int, ep_size: int = 1, override: dict[str, str]
                         applied_tp=applied_tp, applied_ep=applied_ep, unused_tp_rules=unused_tp,
                         unused_ep_rules=unused_ep, dropped_tp_rules=dropped, injected_rules=injected,
                         override=override, text_prefix=prefix, plan_owner=built.plan_owner,
-                        loader_errors=tuple(loader_errors))
+                        loader_errors=tuple(loader_errors), dist_overrides=dist_overrides)

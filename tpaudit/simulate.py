@@ -80,7 +80,7 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
     world_size = max(tp_size, ep_size)
     distribute = (tp_size > 1 or ep_size > 1) and not plan.loader_errors
     if distribute:
-        dc = distributed_config(tp_size, ep_size)
+        dc = distributed_config(tp_size, ep_size, plan.dist_overrides)
         with quiet_libraries(), fake_process_group(world_size):
             try:
                 model = type(model).maybe_distribute_model(model, dc, _meshes(tp_size, ep_size, dc))

@@ -1,0 +1,124 @@
+"""The Python API and the load-time guard, on tiny models saved with save_pretrained and loaded under torchrun with
+2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, ROOT, run_cli
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=4, num_experts_per_tok=2, max_position_embeddings=128, dtype="float32")
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("tiny-moe")
+    Qwen3MoeForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: str, *args: str, nproc: int = 2) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script, *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=str(ROOT))
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    assert len(results) == nproc, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return sorted(results, key=lambda r: r["rank"])
+
+
+def test_guard_raises_on_every_rank_before_weights_are_read(tiny_moe):
+    results = torchrun(str(ROOT / "tests" / "scripts" / "guard_load.py"), str(tiny_moe), "uncovered")
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["raised"] and not r["loaded"] and r["snippet"]
+        assert r["targets"] == ["model.layers.*.mlp.experts.down_proj", "model.layers.*.mlp.experts.gate_up_proj"]
+    assert results[0]["targets"] == results[1]["targets"]
+
+
+def test_guard_passes_the_shipped_plan(tiny_moe):
+    results = torchrun(str(ROOT / "tests" / "scripts" / "guard_load.py"), str(tiny_moe), "shipped")
+    assert all(not r["raised"] and r["loaded"] for r in results)
+
+
+def test_api_check_equals_cli_json():
+    import tpaudit
+
+    path = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
+    report = tpaudit.check(path, tp_size=4)
+    cli = json.loads(run_cli("check", path, "--tp", "4", "--format", "json").stdout)
+    api = report.to_json()
+    for key in ("ranks", "total_param_bytes", "worst_rank_param_bytes", "replicated", "unused_rules", "findings",
+                "params", "kv_cache"):
+        assert api[key] == cli[key], key
+    assert report.worst_rank_param_bytes == 16_362_514_912
+
+
+def test_api_accepts_config_and_meta_model_objects():
+    import torch
+    import tpaudit
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(ROOT / "fixtures" / "cases" / "18-qwen2-moe-shared-expert-replicated"))
+    by_config = tpaudit.check(config, tp_size=4)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    by_model = tpaudit.check(model, tp_size=4)
+    assert by_model.rank_param_bytes == by_config.rank_param_bytes
+    assert {f.target for f in by_model.findings if f.severity == "error"} == {
+        f"model.layers.*.mlp.shared_expert.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+    assert all(p.device.type == "meta" and not hasattr(p, "placements") for p in model.parameters())  # untouched
+
+
+def test_api_errors_are_exceptions_with_facts():
+    import tpaudit
+    from tpaudit.errors import ModelReferenceError, PlanError, UsageError
+
+    with pytest.raises(ModelReferenceError) as e:
+        tpaudit.check("no/such/dir.json", tp_size=2)
+    assert e.value.ref == "no/such/dir.json" and e.value.exit_code == 2
+    with pytest.raises(PlanError):
+        tpaudit.check(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp_size=2, plan={"x": "colwize"})
+    with pytest.raises(UsageError):
+        tpaudit.check(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp_size=0)
+
+
+def test_guard_allow_list_threshold_and_restore():
+    import tpaudit
+    from transformers.distributed.mixin import DistributedMixin
+
+    original = DistributedMixin.__dict__["maybe_distribute_model"]
+    report = {"replicated_bytes": 1000, "findings": [
+        {"code": "TPA001", "kind": "replicated_weight", "severity": "error", "target": "model.layers.*.mlp.a.weight"},
+        {"code": "TPA102", "kind": "kv_heads_per_rank", "severity": "error", "target": "num_key_value_heads"},
+        {"code": "TPA002", "kind": "unused_rule", "severity": "warning", "target": "x"}]}
+    assert [f["code"] for f in tpaudit.strict_tp().blocking(report)] == ["TPA001", "TPA102"]
+    assert [f["code"] for f in tpaudit.strict_tp(allow=["model.layers.*.mlp.*"]).blocking(report)] == ["TPA102"]
+    assert [f["code"] for f in tpaudit.strict_tp(max_replicated_bytes=1000).blocking(report)] == ["TPA102"]
+    assert [f["code"] for f in tpaudit.strict_tp(codes=["TPA001"]).blocking(report)] == ["TPA001"]
+
+    @tpaudit.strict_tp()
+    def inside():
+        return DistributedMixin.__dict__["maybe_distribute_model"] is not original
+
+    assert inside() is True
+    assert DistributedMixin.__dict__["maybe_distribute_model"] is original

@@ -1,0 +1,171 @@
+"""`tpaudit.strict_tp()`: fail `from_pretrained(..., distributed_config=...)` before silent replication happens.
+
+transformers 5.23 has no public hook between building the model on the meta device and reading weights, so the
+guard wraps `DistributedMixin.maybe_distribute_model`, the step `from_pretrained` calls right there (after the
+quantizer's module replacement, before `_load_pretrained_model`). The wrapper runs tpaudit's analysis on that model
+and raises `ReplicatedWeightsError` when error-severity findings remain; only then does the original method run.
+Because it wraps a private method, the supported transformers range is checked on entry
+(`UnsupportedVersionError` outside it).
+
+Under torchrun the process already belongs to the real process group, and tpaudit's simulation needs a process
+group of its own, so the analysis runs in a short-lived subprocess (`python -m tpaudit._guard_worker`) that rebuilds
+the model on the meta device from its config, class, merged plans and the `DistributedConfig` overrides. Every rank
+does this on its own, so every rank raises the same error and none waits in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Iterable
+
+from .errors import ReplicatedWeightsError, TpauditError
+
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_VISIBLE_DEVICES")
+_lock = threading.Lock()
+_depth = 0
+_original = None
+_active: list["strict_tp"] = []
+
+
+def analyse_in_subprocess(payload: dict, tp_size: int, ep_size: int, timeout: float = 600) -> dict:
+    """Run the check of `payload` (see `api.model_payload`) in a fresh interpreter; returns the report JSON plus a
+    `suggestion` section when errors exist.
+
+    Raises:
+        TpauditError: the worker failed (its one-line error is kept).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV}
+    request = json.dumps({"payload": payload, "tp_size": tp_size, "ep_size": ep_size})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tpaudit._guard_worker"], input=request, capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise TpauditError(f"tpaudit's analysis did not finish in {timeout:g} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise TpauditError(f"tpaudit's analysis failed: {last}")
+    return json.loads(proc.stdout)
+
+
+class strict_tp(contextlib.ContextDecorator):
+    """Refuse to load a model that a TP/EP plan would leave half-sharded.
+
+    Use it around `from_pretrained(..., distributed_config=DistributedConfig(tp_size=N))`, as a context manager or a
+    decorator. Before any weight is read, the model the loader just built is analysed with tpaudit's checks; when
+    error-severity findings remain (replicated decoder weights, no plan, indivisible heads, misaligned quantization
+    blocks, ...), `ReplicatedWeightsError` is raised on every rank.
+
+    Args:
+        allow (`Iterable[str]`, *optional*): generic names or finding targets to accept
+            (`"model.layers.*.mlp.shared_expert.gate_proj.weight"`); `fnmatch` patterns work.
+        max_replicated_bytes (`int`, *optional*): accept replicated weights as long as their bytes per rank stay at
+            or below this many (the other error findings still raise).
+        codes (`Iterable[str]`, *optional*): only these rule codes can raise (default: every error finding).
+
+    Raises:
+        ReplicatedWeightsError: from inside `from_pretrained`, with `.findings`, `.report` (the JSON contract
+            `Report.to_json()`, with a `suggestion` section) and `.plan_snippet`.
+        UnsupportedVersionError: on entry, when transformers is outside the tested range.
+
+    Example:
+        ```py
+        >>> import tpaudit
+        >>> from transformers import AutoModelForCausalLM
+        >>> from transformers.distributed import DistributedConfig
+        >>> with tpaudit.strict_tp():
+        ...     model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen1.5-MoE-A2.7B",
+        ...                                                  distributed_config=DistributedConfig(tp_size=4))
+        tpaudit.errors.ReplicatedWeightsError: 3 weight families would be replicated on every rank ...
+        ```
+    """
+
+    def __init__(self, *, allow: Iterable[str] = (), max_replicated_bytes: int | None = None,
+                 codes: Iterable[str] | None = None):
+        self.allow = tuple(allow)
+        self.max_replicated_bytes = max_replicated_bytes
+        self.codes = set(codes) if codes is not None else None
+
+    def __enter__(self) -> "strict_tp":
+        global _depth, _original
+        from ._compat import check_versions
+
+        check_versions()
+        from transformers.distributed.mixin import DistributedMixin
+
+        with _lock:
+            if _depth == 0:
+                _original = DistributedMixin.__dict__["maybe_distribute_model"]
+                DistributedMixin.maybe_distribute_model = classmethod(_guarded)
+            _depth += 1
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        global _depth
+        from transformers.distributed.mixin import DistributedMixin
+
+        with _lock:
+            _active.remove(self)
+            _depth -= 1
+            if _depth == 0:
+                DistributedMixin.maybe_distribute_model = _original
+        return False
+
+    def blocking(self, report: dict) -> list[dict]:
+        """The error findings of `report` this guard does not accept."""
+        import fnmatch
+
+        out = []
+        for f in report.get("findings", []):
+            if f.get("severity") != "error":
+                continue
+            if self.codes is not None and f["code"] not in self.codes:
+                continue
+            if any(fnmatch.fnmatchcase(f["target"], pattern) for pattern in self.allow):
+                continue
+            if (f["kind"] == "replicated_weight" and self.max_replicated_bytes is not None
+                    and report.get("replicated_bytes", 0) <= self.max_replicated_bytes):
+                continue
+            out.append(f)
+        return out
+
+
+def _guarded(cls, model, distributed_config, mesh_manager):
+    if mesh_manager is not None and distributed_config is not None and \
+            (distributed_config.tp_size > 1 or distributed_config.ep_size > 1):
+        _check_before_load(model, distributed_config)
+    return _original.__func__(cls, model, distributed_config, mesh_manager)
+
+
+def _check_before_load(model, distributed_config) -> None:
+    from .api import model_payload
+
+    guard = _active[-1]
+    payload = model_payload(model, distributed_config)
+    report = analyse_in_subprocess(payload, distributed_config.tp_size, distributed_config.ep_size)
+    problems = guard.blocking(report)
+    if not problems:
+        return
+    suggestion = report.get("suggestion") or {}
+    snippet = suggestion.get("snippet")
+    lines = [f"{len(problems)} error finding(s) for {type(model).__name__} at tp_size {distributed_config.tp_size}, "
+             f"ep_size {distributed_config.ep_size}; nothing was loaded:"]
+    for f in problems[:12]:
+        per_rank = (f.get("facts") or {}).get("bytes_per_rank")
+        lines.append(f"  {f['code']} {f['target']}" + (f" ({per_rank:,} B on every rank)" if per_rank else ""))
+    if len(problems) > 12:
+        lines.append(f"  ... {len(problems) - 12} more")
+    ranks = report.get("ranks") or []
+    if ranks:
+        per_rank_text = ", ".join(f"{r['param_bytes']:,}" for r in ranks[:8])
+        lines.append(f"  per-rank parameter bytes: {per_rank_text}")
+    if snippet:
+        lines.append("A plan that covers them (tpaudit check --suggest):\n" + snippet)
+    raise ReplicatedWeightsError("\n".join(lines), report=report, findings=problems, plan_snippet=snippet)
