@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from importlib import metadata
 
@@ -49,10 +50,12 @@ def check_versions() -> dict[str, str]:
     """Check that the installed transformers and torch are in the supported ranges.
 
     Returns:
-        `{"transformers": ..., "torch": ..., "huggingface_hub": ...}`, the versions found.
+        `{"transformers": ..., "torch": ..., "huggingface_hub": ...}`, the versions found (plus `"untested"` when
+        `TPAUDIT_ALLOW_UNTESTED=1` let an out-of-range version through, e.g. a transformers checkout's dev version).
 
     Raises:
-        UnsupportedVersionError: a package is missing or outside its tested range.
+        UnsupportedVersionError: a package is missing or outside its tested range (and `TPAUDIT_ALLOW_UNTESTED` is
+            not set).
     """
     found = {}
     for dist, (low, high) in (("transformers", TRANSFORMERS_RANGE), ("torch", TORCH_RANGE)):
@@ -62,11 +65,13 @@ def check_versions() -> dict[str, str]:
                 f"{dist} is not installed. Install tpaudit with its dependencies: pip install torch==2.13.0 && "
                 "pip install tpaudit")
         v = _version_tuple(version)
-        if not (low <= v < high):
+        if not (low <= v < high) and os.environ.get("TPAUDIT_ALLOW_UNTESTED"):
+            found["untested"] = f"{dist} {version} is outside the tested range >={_fmt(low)},<{_fmt(high)}"
+        elif not (low <= v < high):
             raise UnsupportedVersionError(
                 f"{dist} {version} is outside the range tpaudit was tested against (>={_fmt(low)},<{_fmt(high)}): "
                 "plan resolution uses its private functions, whose behaviour may differ. Install "
-                f"'{dist}>={_fmt(low)},<{_fmt(high)}'")
+                f"'{dist}>={_fmt(low)},<{_fmt(high)}' (or set TPAUDIT_ALLOW_UNTESTED=1 to run anyway)")
         found[dist] = version
     found["huggingface_hub"] = installed_version("huggingface_hub") or "unknown"
     return found

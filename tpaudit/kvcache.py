@@ -57,23 +57,25 @@ def kv_layers(text_config) -> list[KVLayer]:
     """
     from transformers.configuration_utils import get_head_shapes
 
-    n_layers = int(getattr(text_config, "num_hidden_layers", 0) or 0)
-    layer_types = list(getattr(text_config, "layer_types", None) or ["full_attention"] * n_layers)
+    from .checks.registry import config_value as get
+
+    n_layers = int(get(text_config, "num_hidden_layers") or 0)
+    layer_types = list(get(text_config, "layer_types") or ["full_attention"] * n_layers)
     heads, dims = get_head_shapes(text_config)
     heads = heads if isinstance(heads, list) else [heads] * n_layers
     dims = dims if isinstance(dims, list) else [dims] * n_layers
-    mla = getattr(text_config, "kv_lora_rank", None) and getattr(text_config, "v_head_dim", None)
+    mla = get(text_config, "kv_lora_rank") and get(text_config, "v_head_dim")
     out = []
     for i in range(n_layers):
         layer_type = layer_types[i] if i < len(layer_types) else "full_attention"
         if layer_type in _NO_CACHE_TYPES:
             out.append(KVLayer(i, "none", 0, 0, 0))
         elif mla:
-            q_heads = int(text_config.num_attention_heads)
-            key_dim = int(getattr(text_config, "qk_nope_head_dim", 0) + getattr(text_config, "qk_rope_head_dim", 0))
-            out.append(KVLayer(i, "mla", q_heads, key_dim, int(text_config.v_head_dim)))
+            q_heads = int(get(text_config, "num_attention_heads"))
+            key_dim = int((get(text_config, "qk_nope_head_dim") or 0) + (get(text_config, "qk_rope_head_dim") or 0))
+            out.append(KVLayer(i, "mla", q_heads, key_dim, int(get(text_config, "v_head_dim"))))
         elif layer_type in _WINDOW_TYPES:
-            window = getattr(text_config, _WINDOW_TYPES[layer_type], None)
+            window = get(text_config, _WINDOW_TYPES[layer_type])
             out.append(KVLayer(i, layer_type.split("_")[0], int(heads[i]), int(dims[i]), int(dims[i]),
                                int(window) if window else None))
         else:
@@ -202,8 +204,10 @@ def linear_state_bytes_per_sequence(text_config, itemsize: int) -> int:
     and the recurrent state `num_v_heads x head_k_dim x head_v_dim` in float32, as transformers' Gated DeltaNet layers
     (qwen3_next, qwen3_5) keep them in `LinearAttentionCacheLayerMixin`. 0 for models without such layers.
     """
-    n = sum(1 for t in (getattr(text_config, "layer_types", None) or []) if t == "linear_attention")
-    kernel = getattr(text_config, "linear_conv_kernel_dim", None)
+    from .checks.registry import config_value as get
+
+    n = sum(1 for t in (get(text_config, "layer_types") or []) if t == "linear_attention")
+    kernel = get(text_config, "linear_conv_kernel_dim")
     if not n or not kernel:
         return 0
     k_heads, v_heads = text_config.linear_num_key_heads, text_config.linear_num_value_heads

@@ -11,7 +11,7 @@ from typing import Iterable
 
 from ..model import Finding, ParamShard
 from ._shapes import chunk, is_quant_companion, leaf_module, role
-from .registry import CheckContext, rule
+from .registry import CheckContext, config_value, config_values, rule
 
 # Config attributes that size a split dimension, in the order a name is preferred when several match.
 _SIZE_ATTRS = ("moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size", "vocab_size",
@@ -23,7 +23,7 @@ def _attr_for(ctx: CheckContext, value: int, hint: str | None = None) -> str | N
     cfg = ctx.text_config
     names = ([hint] if hint else []) + list(_SIZE_ATTRS)
     for name in names:
-        if isinstance(getattr(cfg, name, None), int) and getattr(cfg, name) == value:
+        if config_value(cfg, name) == value and isinstance(value, int):
             return name
     return None
 
@@ -85,7 +85,8 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
     if tp <= 1:
         return
     cfg = ctx.text_config
-    heads = getattr(cfg, "num_attention_heads", None)
+    heads_values = [h for h in config_values(cfg, "num_attention_heads") if isinstance(h, int)]
+    bad_heads = [h for h in heads_values if h % tp]
     by_target: dict[str, dict] = {}
     for p in sharded_params(ctx):
         if is_quant_companion(p):
@@ -93,10 +94,10 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
         r = role(p)
         if r == "kv":
             continue  # TPA102
-        if r in ("q", "qkv", "o") and isinstance(heads, int):
-            if heads % tp:
+        if r in ("q", "qkv", "o") and heads_values:
+            if bad_heads:
                 entry = by_target.setdefault(ctx.config_target("num_attention_heads"),
-                                             {"value": heads, "params": set(), "sizes": None})
+                                             {"value": bad_heads[0], "params": set(), "sizes": None})
                 entry["params"].add(p.generic_name)
             continue
         if p.plan == "ep":
@@ -179,7 +180,7 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
     cfg = ctx.text_config
     for heads, indices in sorted(bad.items()):
         attr = next((n for n in ("num_key_value_heads", *sorted(vars(cfg)))
-                     if "key_value_heads" in n and getattr(cfg, n, None) == heads), "num_key_value_heads")
+                     if "key_value_heads" in n and heads in config_values(cfg, n)), "num_key_value_heads")
         target = ctx.config_target(attr)
         per_rank = heads / tp
         valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)

@@ -171,6 +171,31 @@ class CheckContext:
         return not self.text_prefix or name.startswith(self.text_prefix + ".")
 
 
+def config_value(config, name: str):
+    """`getattr(config, name, None)` that also survives configs whose attributes raise on access (transformers'
+    heterogeneous per-layer configs raise `AmbiguousGlobalPerLayerAttributeError` for per-layer attributes)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def config_values(config, name: str) -> list:
+    """Every distinct value of `name` across the layers: `per_layer_config[i].name` for heterogeneous configs, else
+    the single global value (empty when absent)."""
+    layers = None
+    try:
+        layers = config.per_layer_config
+    except Exception:  # noqa: BLE001 - not a heterogeneous config
+        layers = None
+    values = []
+    for c in layers or [config]:
+        v = config_value(c, name)
+        if v is not None and v not in values:
+            values.append(v)
+    return values
+
+
 def run_checks(ctx: CheckContext) -> list[Finding]:
     """Run every stable rule and return its findings, sorted by severity, code and target."""
     from ..model import SEVERITY_ORDER

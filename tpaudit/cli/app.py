@@ -13,6 +13,7 @@ import typer
 from .. import __version__
 from . import check as check_cmd
 from . import rules as rules_cmd
+from . import scan as scan_cmd
 from . import size as size_cmd
 from . import snapshot as snapshot_cmd
 
@@ -41,6 +42,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 app.command("check", epilog="Examples:\n\n" + "\n\n".join(check_cmd.CHECK_EXAMPLES))(check_cmd.check)
 app.command("snapshot", epilog="Examples:\n\n" + "\n\n".join(snapshot_cmd.SNAPSHOT_EXAMPLES))(snapshot_cmd.snapshot)
 app.command("size", epilog="Examples:\n\n" + "\n\n".join(size_cmd.SIZE_EXAMPLES))(size_cmd.size)
+app.command("scan", epilog="Examples:\n\n" + "\n\n".join(scan_cmd.SCAN_EXAMPLES))(scan_cmd.scan)
 app.command("rules")(rules_cmd.rules)
 app.command("explain")(rules_cmd.explain)
 

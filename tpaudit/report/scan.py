@@ -1,0 +1,151 @@
+"""Renderers of `tpaudit scan`: terminal table, JSON (`tpaudit/scan/v1`), Markdown, and a self-contained HTML page
+with a coverage heat map (no network at view time: inline CSS and a few lines of inline JavaScript for sorting)."""
+
+from __future__ import annotations
+
+import html
+import json
+
+from ..scan import COMPONENTS, ScanReport
+from ..units import format_bytes
+
+
+def render_json(report: ScanReport) -> str:
+    return json.dumps(report.to_json(), indent=2) + "\n"
+
+
+def _share(model: dict) -> float | None:
+    if not model.get("total_param_bytes"):
+        return None
+    return (model.get("replicated_bytes") or 0) / model["total_param_bytes"]
+
+
+def _families(model: dict, limit: int = 3) -> str:
+    errs = [r["name"] for r in model.get("replicated", []) if r.get("severity") == "error"]
+    text = ", ".join(errs[:limit])
+    return text + (f" (+{len(errs) - limit})" if len(errs) > limit else "")
+
+
+def render_terminal(report: ScanReport, console, *, show_all: bool = False) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    data = report.to_json()
+    console.print(Text(f"tpaudit scan · tp_size {report.tp_size} · {len(report.models)} model types · "
+                       f"{data['counts']} · {report.seconds:.0f} s", style="bold"))
+    t = Table(header_style="bold")
+    for col in ("model_type", "status", "errors", "replicated", "share", "replicated families (error)", "unused rules"):
+        t.add_column(col, overflow="fold")
+    for m in report.models:
+        if not show_all and m["status"] in ("no_model_class",) and not report.selected:
+            continue
+        errors = sum(1 for f in m["findings"] if f["severity"] == "error")
+        share = _share(m)
+        style = "red" if errors else ("dim" if m["status"] != "ok" else "")
+        t.add_row(m["model_type"], m["status"] + (f": {m['reason'][:60]}" if m["status"] == "build_failed" else ""),
+                  str(errors), format_bytes(m["replicated_bytes"]) if m["replicated_bytes"] is not None else "-",
+                  f"{share:.1%}" if share is not None else "-", _families(m), str(len(m["unused_rules"])),
+                  style=style)
+    console.print(t)
+
+
+def render_markdown(report: ScanReport) -> str:
+    data = report.to_json()
+    lines = [f"### tpaudit scan: tp_size {report.tp_size}", "",
+             f"{len(report.models)} model types: " + ", ".join(f"{k} {v}" for k, v in sorted(data["counts"].items())),
+             "", "| model_type | status | errors | replicated | share | replicated families (error) |",
+             "|---|---|---:|---:|---:|---|"]
+    for m in report.models:
+        if m["status"] == "no_model_class":
+            continue
+        errors = sum(1 for f in m["findings"] if f["severity"] == "error")
+        share = _share(m)
+        lines.append(f"| `{m['model_type']}` | {m['status']} | {errors} | "
+                     f"{format_bytes(m['replicated_bytes']) if m['replicated_bytes'] is not None else '-'} | "
+                     f"{f'{share:.1%}' if share is not None else '-'} | {_families(m).replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _colour(share: float | None) -> str:
+    if share is None:
+        return "#f2f2f2"
+    # green (0% replicated) -> yellow -> red (100% replicated)
+    r = int(255 * min(1.0, 2 * share))
+    g = int(200 * min(1.0, 2 * (1 - share)))
+    return f"rgb({r},{g},70)"
+
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:left}
+th{background:#eee;cursor:pointer;position:sticky;top:0}
+td.cell{text-align:center;min-width:70px;color:#111}
+td.num{text-align:right}
+.legend span{display:inline-block;width:40px;height:12px;margin-right:4px}
+"""
+
+_SCRIPT = """
+document.querySelectorAll('th').forEach(function(th, col){
+  th.addEventListener('click', function(){
+    var tbody = th.closest('table').tBodies[0];
+    var rows = Array.from(tbody.rows);
+    var asc = th.dataset.asc !== '1'; th.dataset.asc = asc ? '1' : '0';
+    rows.sort(function(a, b){
+      var x = a.cells[col].dataset.v || a.cells[col].textContent, y = b.cells[col].dataset.v || b.cells[col].textContent;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return asc ? c : -c;
+    });
+    rows.forEach(function(r){ tbody.appendChild(r); });
+  });
+});
+"""
+
+
+def render_html(report: ScanReport) -> str:
+    """One self-contained page: architecture x component heat map coloured by the replicated share, sortable."""
+    data = report.to_json()
+    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in COMPONENTS)
+    rows = []
+    for m in report.models:
+        if m["status"] == "no_model_class":
+            continue
+        errors = sum(1 for f in m["findings"] if f["severity"] == "error")
+        share = _share(m)
+        cells = []
+        for comp in COMPONENTS:
+            entry = m.get("components", {}).get(comp)
+            if not entry or not entry["bytes"]:
+                cells.append('<td class="cell" data-v="-1" style="background:#f7f7f7"></td>')
+                continue
+            s = entry["replicated_bytes"] / entry["bytes"]
+            title = html.escape(f"{comp}: {format_bytes(entry['replicated_bytes'])} of {format_bytes(entry['bytes'])} "
+                                "replicated on every rank")
+            cells.append(f'<td class="cell" data-v="{s:.4f}" title="{title}" style="background:{_colour(s)}">'
+                         f"{s:.0%}</td>")
+        fams = html.escape(_families(m, 4))
+        reason = html.escape(m.get("reason") or "")
+        rows.append(
+            f"<tr><td>{html.escape(m['model_type'])}</td><td title=\"{reason}\">{html.escape(m['status'])}</td>"
+            f'<td class="num" data-v="{errors}">{errors}</td>'
+            f'<td class="num" data-v="{share if share is not None else -1:.4f}">'
+            f"{'' if share is None else f'{share:.1%}'}</td>"
+            f'<td class="num" data-v="{m.get("total_param_bytes") or 0}">'
+            f"{format_bytes(m['total_param_bytes']) if m.get('total_param_bytes') else ''}</td>"
+            + "".join(cells) + f"<td>{fams}</td></tr>")
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(data["counts"].items()))
+    versions = html.escape(", ".join(f"{k} {v}" for k, v in report.versions.items()))
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>tpaudit scan: tp_size {report.tp_size}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>TP plan coverage at tp_size {report.tp_size}</h1>"
+        f"<p>{len(report.models)} model types ({html.escape(counts)}). Each cell: the share of that component's "
+        "weights (2-D and larger) that every rank holds whole because no rule shards it. Click a header to sort. "
+        f"{versions}.</p>"
+        "<p class=\"legend\"><span style=\"background:rgb(0,200,70)\"></span>0% "
+        "<span style=\"background:rgb(255,200,70)\"></span>50% <span style=\"background:rgb(255,0,70)\"></span>100% "
+        "replicated</p>"
+        f"<table><thead><tr><th>model type</th><th>status</th><th>errors</th><th>replicated share</th>"
+        f"<th>model bytes</th>{head}<th>replicated families (error)</th></tr></thead><tbody>"
+        + "".join(rows) + f"</tbody></table><script>{_SCRIPT}</script></body></html>\n")
