@@ -16,6 +16,7 @@ from . import rules as rules_cmd
 from . import scan as scan_cmd
 from . import size as size_cmd
 from . import snapshot as snapshot_cmd
+from . import verify as verify_cmd
 
 app = typer.Typer(
     name="tpaudit",
@@ -43,6 +44,7 @@ app.command("check", epilog="Examples:\n\n" + "\n\n".join(check_cmd.CHECK_EXAMPL
 app.command("snapshot", epilog="Examples:\n\n" + "\n\n".join(snapshot_cmd.SNAPSHOT_EXAMPLES))(snapshot_cmd.snapshot)
 app.command("size", epilog="Examples:\n\n" + "\n\n".join(size_cmd.SIZE_EXAMPLES))(size_cmd.size)
 app.command("scan", epilog="Examples:\n\n" + "\n\n".join(scan_cmd.SCAN_EXAMPLES))(scan_cmd.scan)
+app.command("verify", epilog="Examples:\n\n" + "\n\n".join(verify_cmd.VERIFY_EXAMPLES))(verify_cmd.verify)
 app.command("rules")(rules_cmd.rules)
 app.command("explain")(rules_cmd.explain)
 

@@ -1,0 +1,109 @@
+"""`tpaudit verify` on tiny models saved with save_pretrained, loaded on 2 gloo ranks under torchrun: the measured
+shards must equal the prediction to the byte; a loader failure is exit 3 with the rank; a perturbed prediction (here,
+in the test) is a mismatch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.distributed
+
+TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import torch
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3VLConfig,
+                              Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
+
+    root = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  deepstack_visual_indexes=[0])
+    models = {
+        "llama": LlamaForCausalLM(LlamaConfig(**TEXT, tie_word_embeddings=True, dtype="float32")),
+        # odd intermediate and vocab sizes: rank 0 holds the larger shard
+        "uneven": LlamaForCausalLM(LlamaConfig(**{**TEXT, "intermediate_size": 97, "vocab_size": 101},
+                                               dtype="float32")),
+        "moe": Qwen3MoeForCausalLM(Qwen3MoeConfig(**TEXT, moe_intermediate_size=32, num_experts=4,
+                                                  num_experts_per_tok=2, dtype="float32")),
+        "vlm": Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config={**TEXT, "rope_scaling": rope},
+                                                             vision_config=vision, dtype="float32")),
+        # transformers 5.23 fails to TP-load qwen3_vl_moe (its checkpoint Transpose compares the local shard with the
+        # full shape): the loader failure case
+        "vlm_moe": Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(
+            text_config={**TEXT, "rope_scaling": rope, "moe_intermediate_size": 32, "num_experts": 4,
+                         "num_experts_per_tok": 2}, vision_config=vision, dtype="float32")),
+    }
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+    return root
+
+
+@pytest.mark.parametrize("name", ["llama", "uneven", "moe", "vlm"])
+def test_measured_equals_predicted(tiny, name):
+    proc = run_cli("verify", str(tiny / name), "--tp", "2", "--device", "cpu", "--format", "json")
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    out = json.loads(proc.stdout)
+    assert out["schema"] == "tpaudit/verify/v1" and out["match"] is True and out["mismatches"] == []
+    assert [r["rank"] for r in out["ranks"]] == [0, 1]
+    for r in out["ranks"]:
+        assert r["measured_param_bytes"] == r["predicted_param_bytes"] > 0
+        assert r["allocated_bytes"] >= r["measured_param_bytes"]
+    if name == "uneven":
+        assert out["ranks"][0]["measured_param_bytes"] > out["ranks"][1]["measured_param_bytes"]
+
+
+def test_loader_failure_is_exit_3_and_names_the_rank(tiny):
+    proc = run_cli("verify", str(tiny / "vlm_moe"), "--tp", "2", "--device", "cpu")
+    assert proc.returncode == 3, proc.stdout[-1500:] + proc.stderr[-1500:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: the model failed to load on rank ") and "Traceback" not in proc.stderr
+
+
+def test_a_perturbed_prediction_is_a_mismatch(tiny, monkeypatch):
+    from tpaudit import verify
+
+    real_predict = verify.predict
+
+    def perturbed(*args, **kwargs):
+        report = real_predict(*args, **kwargs)
+        params = list(report.shard_map.params)
+        i = next(i for i, p in enumerate(params) if p.name.endswith("mlp.experts.gate_up_proj"))
+        shapes = list(params[i].local_shapes)
+        shapes[1] = (shapes[1][0], shapes[1][1] - 1, shapes[1][2])   # claim rank 1 holds one row less
+        params[i] = dataclasses.replace(params[i], local_shapes=tuple(shapes))
+        sm = dataclasses.replace(report.shard_map, params=tuple(params))
+        return dataclasses.replace(report, shard_map=sm)
+
+    monkeypatch.setattr(verify, "predict", perturbed)
+    result = verify.run_verify(str(tiny / "moe"), tp_size=2, device="cpu")
+    assert not result.match
+    assert [(m["rank"], m["name"]) for m in result.mismatches] == [(1, "model.layers.0.mlp.experts.gate_up_proj")]
+    assert result.ranks[0]["measured_param_bytes"] == result.ranks[0]["predicted_param_bytes"]
+
+
+def test_snapshot_without_zero_weights_is_input_error():
+    from conftest import FIXTURES
+
+    proc = run_cli("verify", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), "--tp", "2")
+    assert proc.returncode == 2 and "--zero-weights" in proc.stderr
+
+
+def test_zero_weights_from_a_snapshot(tiny, tmp_path):
+    from tpaudit.sources import open_source
+    from tpaudit.sources.snapshot import write_snapshot
+
+    snap = write_snapshot(open_source(str(tiny / "moe")), tmp_path / "moe.snapshot.json.gz")
+    proc = run_cli("verify", str(snap), "--tp", "2", "--zero-weights", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = json.loads(proc.stdout)
+    assert out["match"] and any("--zero-weights" in n for n in out["notes"])

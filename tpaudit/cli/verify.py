@@ -1,0 +1,77 @@
+"""`tpaudit verify`: load on real ranks (torchrun, gloo or NCCL) and compare every shard with the prediction."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ._options import ArchitectureOpt, EpOpt, ModelArg, RevisionOpt, TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, \
+    UnitsOpt
+
+VERIFY_EXAMPLES = [
+    "tpaudit verify ./tiny-moe --tp 2 --device cpu",
+    "tpaudit verify fixtures/qwen3-vl-30b-a3b-instruct.snapshot.json.gz --zero-weights --tp 1 --device cuda",
+    "torchrun --nproc-per-node 2 -m tpaudit verify ./tiny-moe --tp 2      # already under torchrun: worker mode",
+]
+
+
+def verify(
+    model: ModelArg,
+    tp: TpOpt,
+    ep: EpOpt = 1,
+    device: Annotated[str, typer.Option("--device", help="cpu (gloo) or cuda (NCCL).")] = "cpu",
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks to start (default: max(--tp, --ep)).")]
+    = None,
+    zero_weights: Annotated[bool, typer.Option(
+        "--zero-weights", help="Load a sparse checkpoint with the model's real headers and zero data (any source: "
+                               "Hub, directory, snapshot); nothing is downloaded but headers.")] = False,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="dtype passed to from_pretrained.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a hung load is stopped.")] = 900,
+    format: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
+    revision: RevisionOpt = None,
+    token: TokenOpt = None,
+    architecture: ArchitectureOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    units: UnitsOpt = Units.GiB,
+) -> int:
+    """Load the model with from_pretrained(distributed_config=...) on real ranks and confirm the predicted shards.
+
+    Exit codes: 0 every rank holds what was predicted, 1 a mismatch, 2 bad input or torchrun not starting,
+    3 the model failed to load on some rank (the rank and the loader's error are named).
+    """
+    from ..errors import UsageError
+    from ..verify import run_as_worker, run_verify, under_torchrun
+    from .check import write_output
+
+    if format not in ("table", "json"):
+        raise UsageError(f"--format {format} is not supported by verify. Pass table or json")
+    if under_torchrun():
+        result, code = run_as_worker(model, tp_size=tp, ep_size=ep, dtype=dtype, architecture=architecture,
+                                     trust_remote_code=trust_remote_code)
+        if result is None:
+            return code
+    else:
+        result = run_verify(model, tp_size=tp, ep_size=ep, device=device, nproc=nproc, zero_weights=zero_weights,
+                            dtype=dtype, architecture=architecture, trust_remote_code=trust_remote_code,
+                            revision=revision, token=token, timeout=timeout)
+        code = 0 if result.match else 1
+    if format == "json":
+        from ..report.verify import render_json
+
+        write_output(render_json(result), output)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from ..report.verify import render_terminal
+
+        if output is None:
+            render_terminal(result, Console(), unit=units.value)
+        else:
+            buffer = io.StringIO()
+            render_terminal(result, Console(file=buffer, width=160, no_color=True), unit=units.value)
+            write_output(buffer.getvalue(), output)
+    return code

@@ -1,0 +1,371 @@
+"""`tpaudit verify`: load the model on real ranks with `from_pretrained(..., distributed_config=...)` and compare
+what each rank holds with what `check` predicts.
+
+Flow: the launcher (this process) starts `torchrun --nproc-per-node N -m tpaudit._verify_worker SPEC` (NCCL on CUDA,
+gloo on CPU, where transformers picks the backend from the device), with a timeout. Each rank loads the model, writes
+its own record (per parameter: local shape, dtype, bytes, placement; its allocated memory; or the loader's error)
+to a file, and the ranks gather their records on rank 0. The launcher reads the records, runs the static prediction
+for the same inputs, and compares per parameter and per rank. Each rank's file survives a rank that hangs or dies,
+so the report names the rank that failed.
+
+When `tpaudit verify` itself runs under torchrun (RANK / WORLD_SIZE in the environment), it is the worker: rank 0
+gathers the records with `gather_object`, predicts, prints the report and broadcasts the exit code.
+
+`--zero-weights` first writes a checkpoint with the source's real headers and a sparse data region (reads as zeros,
+costs no disk) and loads that: a full-size model's shard sizes can be confirmed without downloading weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import LaunchError, LoadFailedError, UsageError
+
+VERIFY_SCHEMA = "tpaudit/verify/v1"
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def under_torchrun() -> bool:
+    """True when this process is a torchrun worker (its environment names a rank and a world size)."""
+    return all(k in os.environ for k in TORCHRUN_ENV)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Worker side: load and measure
+# ----------------------------------------------------------------------------------------------------------------------
+def measure(model, device_type: str) -> dict[str, Any]:
+    """What this rank holds: per parameter (tied pairs once, as `named_parameters()` yields them) the local shape,
+    dtype, bytes and placement; and the memory allocated (`torch.cuda.memory_allocated` / max on CUDA; on CPU the
+    bytes of the distinct storages behind parameters and buffers)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    params, total = {}, 0
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        nbytes = local.numel() * local.element_size()
+        placement = ", ".join(str(x) for x in p.placements) if isinstance(p, DTensor) else "whole"
+        params[name] = {"shape": list(local.shape), "dtype": str(local.dtype).removeprefix("torch."),
+                        "bytes": nbytes, "placement": placement}
+        total += nbytes
+    if device_type == "cuda":
+        allocated, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+    else:
+        seen, allocated = set(), 0
+        for t in list(model.parameters()) + list(model.buffers()):
+            local = t.to_local() if isinstance(t, DTensor) else t
+            storage = local.untyped_storage()
+            key = storage.data_ptr(), storage.nbytes()
+            if key not in seen:
+                seen.add(key)
+                allocated += storage.nbytes()
+        peak = None
+    return {"params": params, "param_bytes": total, "allocated_bytes": allocated, "max_allocated_bytes": peak}
+
+
+def _short(message: str, limit: int = 300) -> str:
+    line = " ".join(message.strip().split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def load_and_measure(spec: dict) -> dict:
+    """Load `spec["path"]` with the loader's TP/EP on this rank and return its record (never raises)."""
+    rank = int(os.environ.get("RANK", 0))
+    record: dict[str, Any] = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", 1)), "ok": False}
+    start = time.perf_counter()
+    try:
+        import torch
+        import transformers
+        from transformers.distributed import DistributedConfig
+
+        from .build import _model_class, load_config
+        from .model import ModelSource
+        from .sources.local import read_config
+
+        config_path = Path(spec["path"]) / "config.json"
+        source = ModelSource(ref=spec["path"], kind="local", config=read_config(config_path),
+                             config_dir=str(config_path.parent))
+        config = load_config(source, trust_remote_code=spec.get("trust_remote_code", False))
+        cls = _model_class(config, spec.get("architecture"), spec.get("trust_remote_code", False))
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        record["device"] = device_type
+        kwargs = {"distributed_config": DistributedConfig(tp_size=spec["tp_size"], ep_size=spec["ep_size"])}
+        if spec.get("dtype"):
+            kwargs["dtype"] = spec["dtype"]
+        if device_type == "cuda" and max(spec["tp_size"], spec["ep_size"]) == 1:
+            kwargs["device_map"] = {"": f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"}  # no mesh places it at tp 1
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        model = cls.from_pretrained(spec["path"], **kwargs)
+        record.update(measure(model, device_type))
+        record["ok"] = True
+    except BaseException as e:  # noqa: BLE001 - the record carries the loader's own error, shortened
+        record["error"] = _short(f"{type(e).__name__}: {e}")
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    out_dir = spec.get("out_dir")
+    if out_dir:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
+    return record
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Comparison
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class VerifyResult:
+    """Measured against predicted, per rank and per parameter."""
+
+    tp_size: int
+    ep_size: int
+    ranks: list[dict]
+    mismatches: list[dict]
+    model: dict = field(default_factory=dict)
+    load_error: dict | None = None
+    versions: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def match(self) -> bool:
+        return self.load_error is None and not self.mismatches
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": VERIFY_SCHEMA, "tp_size": self.tp_size, "ep_size": self.ep_size, "match": self.match,
+                "ranks": self.ranks, "mismatches": self.mismatches, "load_error": self.load_error,
+                "model": self.model, "versions": self.versions, "notes": self.notes}
+
+
+def compare(shard_map, records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Per-rank totals and per-parameter mismatches between a predicted `ShardMap` and measured rank records.
+
+    A mismatch is a parameter whose local shape, dtype or bytes differ, or one that only one side has. Tied copies
+    are predicted once, as `named_parameters()` yields them once.
+    """
+    predicted = {p.name: p for p in shard_map.params if p.tied_to is None}
+    ranks, mismatches = [], []
+    for rec in sorted(records, key=lambda r: r["rank"]):
+        r = rec["rank"]
+        measured = rec["params"]
+        for name, p in predicted.items():
+            m = measured.get(name)
+            want = {"shape": list(p.local_shapes[r]), "dtype": p.dtype, "bytes": p.rank_bytes(r)}
+            if m is None:
+                mismatches.append({"rank": r, "name": name, "predicted": want, "measured": None})
+            elif (m["shape"], m["dtype"], m["bytes"]) != (want["shape"], want["dtype"], want["bytes"]):
+                mismatches.append({"rank": r, "name": name, "predicted": want,
+                                   "measured": {k: m[k] for k in ("shape", "dtype", "bytes", "placement")}})
+        for name in measured.keys() - predicted.keys():
+            mismatches.append({"rank": r, "name": name, "predicted": None, "measured": measured[name]})
+        ranks.append({"rank": r, "predicted_param_bytes": shard_map.rank_param_bytes[r],
+                      "measured_param_bytes": rec["param_bytes"], "allocated_bytes": rec["allocated_bytes"],
+                      "max_allocated_bytes": rec.get("max_allocated_bytes"), "load_seconds": rec.get("seconds")})
+    return ranks, mismatches
+
+
+def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architecture: str | None,
+            trust_remote_code: bool):
+    """The static prediction for the directory the ranks loaded (the same checkpoint headers)."""
+    from .audit import audit_source
+    from .sources import open_source
+
+    return audit_source(open_source(path), tp_size=tp_size, ep_size=ep_size, dtype=dtype, architecture=architecture,
+                        trust_remote_code=trust_remote_code)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Launcher side
+# ----------------------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_model_dir(ref: str, *, zero_weights: bool, revision: str | None, token: str | None,
+                      workdir: Path) -> tuple[str, list[str]]:
+    """The directory the ranks load: the model itself, or with `zero_weights` a sparse checkpoint written from any
+    source's headers. Returns `(path, notes)`.
+
+    Raises:
+        UsageError: a snapshot or Hub id without `--zero-weights`, or a source without a tensor table.
+    """
+    from .sources import classify_reference, open_source
+    from .sparse import write_sparse_checkpoint
+
+    kind = classify_reference(ref)
+    if not zero_weights:
+        if kind == "snapshot":
+            raise UsageError(f"{ref} is a snapshot: it records headers, not weights. Add --zero-weights to load a "
+                             "checkpoint with its real headers and zero data")
+        if kind == "hub":
+            raise UsageError(f"verify loads weights: add --zero-weights to confirm {ref}'s shard sizes from its "
+                             "headers without downloading them, or download it and pass the directory")
+        return ref, []
+    source = open_source(ref, revision=revision, token=token)
+    if source.tensors is None:
+        raise UsageError(f"{ref} has no safetensors tensor table, so --zero-weights cannot build its checkpoint. "
+                         "Pass a model with safetensors headers")
+    target = workdir / "zero-weights"
+    write_sparse_checkpoint(source, target)
+    total = source.checkpoint_bytes or 0
+    return str(target), [f"--zero-weights: loaded a sparse checkpoint with {ref}'s real headers ({total:,} B of "
+                         "zeros that take no disk)"]
+
+
+def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dtype: str | None,
+           architecture: str | None, trust_remote_code: bool, timeout: float, workdir: Path) -> list[dict]:
+    """Run the worker on `nproc` ranks under torchrun; return every rank's record.
+
+    Raises:
+        LaunchError: torchrun could not start.
+        LoadFailedError: a rank failed to load, or hung past `timeout` (the rank is named).
+    """
+    out_dir = workdir / "ranks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"path": path, "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype, "architecture": architecture,
+            "trust_remote_code": trust_remote_code, "out_dir": str(out_dir)}
+    spec_file = workdir / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # transformers picks gloo for the CPU
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+           "127.0.0.1", "--master-port", str(_free_port()), "-m", "tpaudit._verify_worker", str(spec_file)]
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+    except OSError as e:
+        raise LaunchError(f"cannot start torchrun: {e}. Check that torch is installed in {sys.executable}") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        hung = True
+    records = []
+    for r in range(nproc):
+        f = out_dir / f"rank{r}.json"
+        if f.is_file():
+            records.append(json.loads(f.read_text()))
+    failed = [rec for rec in records if not rec.get("ok")]
+    if failed:
+        first = failed[0]
+        raise LoadFailedError(f"the model failed to load on rank {first['rank']} of {nproc}: {first.get('error')}",
+                              rank=first["rank"], loader_message=first.get("error"))
+    missing = sorted(set(range(nproc)) - {rec["rank"] for rec in records})
+    if missing:
+        if hung:
+            raise LoadFailedError(f"rank {missing[0]} did not finish loading within {timeout:g} s (hung); the "
+                                  "workers were stopped", rank=missing[0])
+        tail = (stderr or stdout or "").strip().splitlines()[-1:] or ["no output"]
+        if proc.returncode and not records:
+            raise LaunchError(f"torchrun exited with {proc.returncode} before any rank reported: {_short(tail[0])}")
+        raise LoadFailedError(f"rank {missing[0]} exited without a result (torchrun exit {proc.returncode}): "
+                              f"{_short(tail[0])}", rank=missing[0])
+    return records
+
+
+def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu", nproc: int | None = None,
+               zero_weights: bool = False, dtype: str | None = None, architecture: str | None = None,
+               trust_remote_code: bool = False, revision: str | None = None, token: str | None = None,
+               timeout: float = 900) -> VerifyResult:
+    """Load `ref` on `nproc` real ranks and compare with the prediction (the launcher side of `tpaudit verify`).
+
+    Args:
+        ref (`str`): a model directory (or, with `zero_weights`, any source `check` accepts).
+        tp_size (`int`), ep_size (`int`): the `DistributedConfig` sizes.
+        device (`"cpu" | "cuda"`): gloo on CPU, NCCL on CUDA.
+        nproc (`int`, *optional*): ranks to start; default `max(tp_size, ep_size)`.
+        zero_weights (`bool`): load a sparse checkpoint with the real headers instead of weights.
+        timeout (`float`): seconds before a hung load is stopped.
+
+    Returns:
+        `VerifyResult` (`match` when every rank holds what was predicted, to the byte).
+
+    Raises:
+        UsageError, LaunchError, LoadFailedError: bad input, torchrun not starting, a rank failing to load.
+    """
+    from . import __version__
+    from ._compat import check_versions
+
+    versions = {"tpaudit": __version__, **check_versions()}
+    world = max(tp_size, ep_size)
+    nproc = nproc or world
+    if nproc != world:
+        raise UsageError(f"--nproc {nproc} must equal the world size max(--tp, --ep) = {world} (transformers 5.23 "
+                         "without FSDP)")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device} is not supported. Pass cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
+            raise UsageError(f"--device cuda needs {nproc} visible GPU(s); this machine has "
+                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}. Use --device cpu")
+    from .plan import distributed_config
+
+    distributed_config(tp_size, ep_size)
+    with tempfile.TemporaryDirectory(prefix="tpaudit-verify-") as tmp:
+        workdir = Path(tmp)
+        path, notes = prepare_model_dir(ref, zero_weights=zero_weights, revision=revision, token=token,
+                                        workdir=workdir)
+        records = launch(path, tp_size=tp_size, ep_size=ep_size, nproc=nproc, device=device, dtype=dtype,
+                         architecture=architecture, trust_remote_code=trust_remote_code, timeout=timeout,
+                         workdir=workdir)
+        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code)
+    ranks, mismatches = compare(report.shard_map, records)
+    model = {k: report.model.get(k) for k in ("ref", "model_type", "architecture", "dtype")}
+    model["ref"] = ref
+    return VerifyResult(tp_size=tp_size, ep_size=ep_size, ranks=ranks, mismatches=mismatches, model=model,
+                        versions=versions, notes=notes + [f"device: {records[0].get('device')}"])
+
+
+def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, architecture: str | None,
+                  trust_remote_code: bool) -> tuple[VerifyResult | None, int]:
+    """`tpaudit verify` launched by the user under torchrun: load on this rank, gather the records on rank 0, which
+    predicts and compares; the exit code is broadcast so every rank exits with it. Returns `(result on rank 0 else
+    None, exit code)`."""
+    import torch.distributed as dist
+
+    from . import __version__
+    from ._compat import check_versions
+
+    record = load_and_measure({"path": ref, "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype,
+                               "architecture": architecture, "trust_remote_code": trust_remote_code})
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    records = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(record, records, dst=0)
+    result, code = None, 0
+    if dist.get_rank() == 0:
+        failed = [r for r in records if not r.get("ok")]
+        if failed:
+            result = VerifyResult(tp_size, ep_size, [], [], load_error={"rank": failed[0]["rank"],
+                                                                        "message": failed[0].get("error")})
+            code = 3
+        else:
+            report = predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code)
+            ranks, mismatches = compare(report.shard_map, records)
+            result = VerifyResult(tp_size, ep_size, ranks, mismatches,
+                                  model={"ref": ref, "architecture": report.model.get("architecture")},
+                                  versions={"tpaudit": __version__, **check_versions()})
+            code = 0 if result.match else 1
+    box = [code]
+    dist.broadcast_object_list(box, src=0)
+    dist.destroy_process_group()
+    return result, box[0]
