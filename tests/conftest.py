@@ -53,6 +53,20 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subproce
                           timeout=timeout, env=full_env, cwd=str(ROOT))
 
 
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    """`tpaudit ARGS` through the same `main()` the console script calls, in this process (no interpreter start-up:
+    for tests that run the CLI many times). stdout/stderr are captured; `returncode` is main's exit code."""
+    import contextlib
+    import io
+
+    from tpaudit.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["tpaudit", *args], code, out.getvalue(), err.getvalue())
+
+
 def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, **kwargs):
     """In-process `tpaudit check` (same pipeline as the CLI, without the interpreter start-up)."""
     from tpaudit.audit import audit_source

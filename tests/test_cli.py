@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import CASES, FIXTURES, ROOT, run_cli
+from conftest import CASES, FIXTURES, ROOT, run_cli, run_main
 
 LLAMA = str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
 
@@ -43,11 +43,11 @@ def test_clean_model_exits_0_and_json_is_the_contract():
 
 
 def test_terminal_report_states_units():
-    proc = run_cli("check", LLAMA, "--tp", "2", "--no-params")
+    proc = run_main("check", LLAMA, "--tp", "2", "--no-params")
     assert proc.returncode == 0, proc.stderr
     assert "GiB = 2^30 bytes" in proc.stdout
     assert "16,060,522,496 B" in proc.stdout
-    proc = run_cli("check", LLAMA, "--tp", "2", "--no-params", "--units", "GB")
+    proc = run_main("check", LLAMA, "--tp", "2", "--no-params", "--units", "GB")
     assert "GB = 10^9 bytes" in proc.stdout and "16.06 GB" in proc.stdout
 
 
@@ -65,19 +65,19 @@ def test_bad_input_is_one_line_and_exit_2(args, needles):
 def test_unknown_style_in_plan(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"layers.*.self_attn.q_proj": "colwize"}))
-    assert_one_line_error(run_cli("check", LLAMA, "--tp", "2", "--plan", str(plan)), "colwize", "colwise")
+    assert_one_line_error(run_main("check", LLAMA, "--tp", "2", "--plan", str(plan)), "colwize", "colwise")
 
 
 def test_malformed_plan_and_config(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text("[1, 2]")
-    assert_one_line_error(run_cli("check", LLAMA, "--tp", "2", "--plan", str(plan)), "JSON object")
+    assert_one_line_error(run_main("check", LLAMA, "--tp", "2", "--plan", str(plan)), "JSON object")
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{not json")
-    assert_one_line_error(run_cli("check", str(model), "--tp", "2"), "not valid JSON")
+    assert_one_line_error(run_main("check", str(model), "--tp", "2"), "not valid JSON")
     (model / "config.json").write_text(json.dumps({"model_type": "no_such_model_type_xyz"}))
-    assert_one_line_error(run_cli("check", str(model), "--tp", "2"), "no_such_model_type_xyz")
+    assert_one_line_error(run_main("check", str(model), "--tp", "2"), "no_such_model_type_xyz")
 
 
 def test_missing_shard_and_bad_header(tmp_path):
@@ -86,27 +86,27 @@ def test_missing_shard_and_bad_header(tmp_path):
     (model / "config.json").write_text((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
     (model / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}))
-    assert_one_line_error(run_cli("check", str(model), "--tp", "2"), "model-00002-of-00002.safetensors", "missing")
+    assert_one_line_error(run_main("check", str(model), "--tp", "2"), "model-00002-of-00002.safetensors", "missing")
     (model / "model.safetensors.index.json").unlink()
     (model / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
-    assert_one_line_error(run_cli("check", str(model), "--tp", "2"))
+    assert_one_line_error(run_main("check", str(model), "--tp", "2"))
 
 
 def test_max_replicated_gate_and_exit_zero():
-    proc = run_cli("check", LLAMA, "--tp", "2", "--format", "json", "--max-replicated", "100KiB")
+    proc = run_main("check", LLAMA, "--tp", "2", "--format", "json", "--max-replicated", "100KiB")
     assert proc.returncode == 1
     out = json.loads(proc.stdout)
     budget = [f for f in out["findings"] if f["code"] == "TPA004"]
     assert budget and budget[0]["facts"]["replicated_bytes"] == (32 * 2 + 1) * 4096 * 2
-    proc = run_cli("check", LLAMA, "--tp", "2", "--format", "json", "--max-replicated", "100KiB", "--exit-zero")
+    proc = run_main("check", LLAMA, "--tp", "2", "--format", "json", "--max-replicated", "100KiB", "--exit-zero")
     assert proc.returncode == 0
 
 
 def test_rules_and_explain():
-    proc = run_cli("rules", "--format", "json")
+    proc = run_main("rules", "--format", "json")
     assert proc.returncode == 0
     codes = {r["code"]: r["kind"] for r in json.loads(proc.stdout)}
     assert codes["TPA001"] == "replicated_weight" and codes["TPA002"] == "unused_rule"
-    proc = run_cli("explain", "TPA001")
+    proc = run_main("explain", "TPA001")
     assert proc.returncode == 0 and "Why it matters" in proc.stdout and "Fix" in proc.stdout
-    assert_one_line_error(run_cli("explain", "TPA999"), "TPA999")
+    assert_one_line_error(run_main("explain", "TPA999"), "TPA999")

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from conftest import CASES, FIXTURES, audit, run_cli
+from conftest import CASES, FIXTURES, audit, run_cli, run_main
 
 QWEN3_VL = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
 PRE_FIX_PLAN = str(CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json")
@@ -43,7 +43,7 @@ def test_sarif_validates_and_points_at_the_plan(sarif_schema, tmp_path):
 
 
 def test_sarif_config_location_for_dimension_findings(sarif_schema, tmp_path):
-    proc = run_cli("check", str(CASES / "09-granite-tp5-indivisible-dims"), "--tp", "5", "--format", "sarif")
+    proc = run_main("check", str(CASES / "09-granite-tp5-indivisible-dims"), "--tp", "5", "--format", "sarif")
     log = json.loads(proc.stdout)
     jsonschema.Draft4Validator(sarif_schema).validate(log)
     config_path = str(CASES / "09-granite-tp5-indivisible-dims" / "config.json")
@@ -56,7 +56,7 @@ def test_sarif_config_location_for_dimension_findings(sarif_schema, tmp_path):
 
 
 def test_markdown_is_a_well_formed_comment():
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "markdown")
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "markdown")
     assert proc.returncode == 1
     md = proc.stdout
     assert md.startswith("### ❌ tpaudit: `Qwen/Qwen3-VL-30B-A3B-Instruct` at tp_size 4")
@@ -69,22 +69,22 @@ def test_markdown_is_a_well_formed_comment():
 
 def test_baseline_accepts_known_findings(tmp_path):
     base = tmp_path / "baseline.json"
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "json", "-o", str(base))
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "json", "-o", str(base))
     assert proc.returncode == 1
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "json", "--baseline", str(base))
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "json", "--baseline", str(base))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["findings"] == [] and out["baseline"]["suppressed"] == 7
     # a new problem (tp 8 cannot split 4 KV heads) is still reported and fails
-    proc = run_cli("check", QWEN3_VL, "--tp", "8", "--plan", PRE_FIX_PLAN, "--format", "json", "--baseline", str(base))
+    proc = run_main("check", QWEN3_VL, "--tp", "8", "--plan", PRE_FIX_PLAN, "--format", "json", "--baseline", str(base))
     assert proc.returncode == 1
     assert [f["code"] for f in json.loads(proc.stdout)["findings"]] == ["TPA102"]
 
 
 def test_fail_on_warning():
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--format", "json")
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--format", "json")
     assert proc.returncode == 0  # the shipped plan's three unused dense rules are warnings
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--format", "json", "--fail-on", "warning")
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--format", "json", "--fail-on", "warning")
     assert proc.returncode == 1
 
 
@@ -103,13 +103,13 @@ def test_suggest_fixes_qwen2_moe_shared_expert(tmp_path):
 
 def test_suggest_write_plan_round_trip(tmp_path):
     plan = tmp_path / "plan.json"
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--suggest", "--write-plan", str(plan),
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--suggest", "--write-plan", str(plan),
                    "--format", "json")
     assert proc.returncode == 1
     suggested = json.loads(plan.read_text())
     assert suggested["layers.*.mlp.experts.gate_up_proj"] == "packed_colwise"
     assert suggested["layers.*.mlp.experts"] == "moe_tp_experts"
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", str(plan), "--format", "json")
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", str(plan), "--format", "json")
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["worst_rank_param_bytes"] == 16_362_514_912
 
