@@ -96,11 +96,7 @@ def check(model: Any, *, tp_size: int, ep_size: int = 1, plan: dict[str, str] | 
     from .audit import audit_source
     from .build import load_plan_file, validate_plan
 
-    options = CheckOptions()
-    if max_replicated is not None:
-        from .cli.check import parse_budget
-
-        options = parse_budget(str(max_replicated))
+    options = CheckOptions.from_budget(str(max_replicated)) if max_replicated is not None else CheckOptions()
     if isinstance(plan, (str, os.PathLike)):
         plan = load_plan_file(str(plan))
     elif plan is not None:

@@ -114,6 +114,28 @@ class CheckOptions:
     max_replicated_bytes: int | None = None
     max_replicated_share: float | None = None
 
+    @classmethod
+    def from_budget(cls, text: str) -> "CheckOptions":
+        """`--max-replicated` value: `"5%"` -> share 0.05; `"2GiB"` / `"1e9"` -> bytes.
+
+        Raises:
+            UsageError: neither a percentage nor a byte size.
+        """
+        from ..errors import UsageError
+        from ..units import parse_bytes
+
+        value = str(text).strip()
+        try:
+            if value.endswith("%"):
+                share = float(value[:-1]) / 100
+                if not 0 <= share <= 1:
+                    raise ValueError
+                return cls(max_replicated_share=share)
+            return cls(max_replicated_bytes=parse_bytes(value))
+        except ValueError:
+            raise UsageError(f"--max-replicated {text} is neither a byte size (2GiB, 500MB, 1e9) nor a percentage "
+                             "(5%)") from None
+
 
 @dataclass(frozen=True)
 class CheckContext:

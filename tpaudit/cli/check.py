@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ._output import emit_rich, write_output
 from ._options import (ArchitectureOpt, EpOpt, FailOn, FormatOpt, ModelArg, OutputFormat, OutputOpt, RevisionOpt,
                        TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
 
@@ -17,47 +18,10 @@ CHECK_EXAMPLES = [
 ]
 
 
-def parse_budget(text: str):
-    """`--max-replicated` value: `"5%"` -> share 0.05; `"2GiB"` / `"1e9"` -> bytes.
-
-    Raises:
-        UsageError: neither a percentage nor a byte size.
-    """
-    from ..checks.registry import CheckOptions
-    from ..errors import UsageError
-    from ..units import parse_bytes
-
-    value = text.strip()
-    try:
-        if value.endswith("%"):
-            share = float(value[:-1]) / 100
-            if not 0 <= share <= 1:
-                raise ValueError
-            return CheckOptions(max_replicated_share=share)
-        return CheckOptions(max_replicated_bytes=parse_bytes(value))
-    except ValueError:
-        raise UsageError(f"--max-replicated {text} is neither a byte size (2GiB, 500MB, 1e9) nor a percentage "
-                         "(5%)") from None
-
-
 def exit_code_for(report, fail_on: str, exit_zero: bool) -> int:
     """0 when clean, 1 when a finding at or above `fail_on` exists (0 anyway with `exit_zero`)."""
     failing = report.count("error") + (report.count("warning") if fail_on == "warning" else 0)
     return 0 if exit_zero or failing == 0 else 1
-
-
-def write_output(text: str, output: str | None) -> None:
-    from ..errors import UsageError
-
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    try:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"cannot write --output {output}: {e.strerror or e}. Check the directory") from None
 
 
 def check(
@@ -105,7 +69,7 @@ def check(
 
     from ..errors import UsageError
 
-    options = parse_budget(max_replicated) if max_replicated is not None else CheckOptions()
+    options = CheckOptions.from_budget(max_replicated) if max_replicated is not None else CheckOptions()
     plan_override = load_plan_file(plan) if plan is not None else None
     if write_plan is not None and not suggest:
         raise UsageError("--write-plan needs --suggest. Add --suggest")
@@ -149,15 +113,6 @@ def render_report(report, format: OutputFormat, output: str | None, unit: str, *
 
         write_output(render(report, plan_path=plan_path), output)
     else:
-        import io
-
-        from rich.console import Console
-
         from ..report.terminal import render
 
-        if output is None:
-            render(report, Console(), unit=unit, show_params=show_params)
-        else:
-            buffer = io.StringIO()
-            render(report, Console(file=buffer, width=160, no_color=True), unit=unit, show_params=show_params)
-            write_output(buffer.getvalue(), output)
+        emit_rich(lambda console: render(report, console, unit=unit, show_params=show_params), output)

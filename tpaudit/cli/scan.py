@@ -31,7 +31,7 @@ def scan(
     """
     from ..errors import UsageError
     from ..scan import scan as run_scan
-    from .check import write_output
+    from ._output import emit_rich, write_output
 
     if format not in ("table", "json", "markdown", "html"):
         raise UsageError(f"--format {format} is not supported by scan. Pass table, json, markdown or html")
@@ -49,18 +49,9 @@ def scan(
 
         write_output(render_html(report), output)
     else:
-        import io
-
-        from rich.console import Console
-
         from ..report.scan import render_terminal
 
-        if output is None:
-            render_terminal(report, Console())
-        else:
-            buffer = io.StringIO()
-            render_terminal(report, Console(file=buffer, width=200, no_color=True))
-            write_output(buffer.getvalue(), output)
+        emit_rich(lambda console: render_terminal(report, console), output, width=200)
     gated = report.models if (model_type or strict) else []
     failing = [m for m in gated if m["status"] == "build_failed" or
                any(f["severity"] == "error" for f in m["findings"])]

@@ -62,7 +62,7 @@ def size(
     from ..sizing import parse_overhead, size_model
     from ..sources import open_source
     from ..units import parse_bytes
-    from .check import write_output
+    from ._output import emit_rich, write_output
 
     if (gpu is None) == (gpu_memory is None):
         raise UsageError("pass exactly one of --gpu NAME or --gpu-memory BYTES (e.g. --gpu H100-80GB)")
@@ -91,16 +91,7 @@ def size(
 
         write_output(render_json(report), output)
     else:
-        import io
-
-        from rich.console import Console
-
         from ..report.size import render_terminal
 
-        if output is None:
-            render_terminal(report, Console(), unit=units.value)
-        else:
-            buffer = io.StringIO()
-            render_terminal(report, Console(file=buffer, width=160, no_color=True), unit=units.value)
-            write_output(buffer.getvalue(), output)
+        emit_rich(lambda console: render_terminal(report, console, unit=units.value), output)
     return 0 if report.recommended is not None else 1

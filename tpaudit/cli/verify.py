@@ -43,7 +43,7 @@ def verify(
     """
     from ..errors import UsageError
     from ..verify import run_as_worker, run_verify, under_torchrun
-    from .check import write_output
+    from ._output import emit_rich, write_output
 
     if format not in ("table", "json"):
         raise UsageError(f"--format {format} is not supported by verify. Pass table or json")
@@ -62,16 +62,7 @@ def verify(
 
         write_output(render_json(result), output)
     else:
-        import io
-
-        from rich.console import Console
-
         from ..report.verify import render_terminal
 
-        if output is None:
-            render_terminal(result, Console(), unit=units.value)
-        else:
-            buffer = io.StringIO()
-            render_terminal(result, Console(file=buffer, width=160, no_color=True), unit=units.value)
-            write_output(buffer.getvalue(), output)
+        emit_rich(lambda console: render_terminal(result, console, unit=units.value), output)
     return code

@@ -1,0 +1,38 @@
+"""Where command output goes: stdout (parseable; errors go to stderr) or `--output FILE`."""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import Callable
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Write `text` to stdout, or to the file `output`.
+
+    Raises:
+        UsageError: the file cannot be written.
+    """
+    from ..errors import UsageError
+
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write --output {output}: {e.strerror or e}. Check the directory") from None
+
+
+def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
+    """Run `draw(console)` on a rich console for the terminal, or render it without colour into `output`."""
+    from rich.console import Console
+
+    if output is None:
+        draw(Console())
+        return
+    buffer = io.StringIO()
+    draw(Console(file=buffer, width=width, no_color=True))
+    write_output(buffer.getvalue(), output)
