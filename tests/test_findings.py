@@ -164,3 +164,19 @@ def test_every_rule_has_a_catalogue_entry():
     for r in rules:
         sections = r.sections()
         assert all(sections.get(k) for k in ("What it detects", "Why it matters", "Example", "Fix")), r.code
+
+
+def test_missing_checkpoint_tensor(tmp_path):
+    from tpaudit.sources import open_source
+    from tpaudit.sparse import write_sparse_checkpoint
+    import dataclasses
+
+    src = open_source(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"))
+    dropped = [t for t in src.tensors if t.name.endswith("layers.3.mlp.up_proj.weight")]
+    kept = tuple(t for t in src.tensors if t not in dropped)
+    write_sparse_checkpoint(dataclasses.replace(src, tensors=kept), tmp_path / "m")
+    report = audit(str(tmp_path / "m"), tp=2)
+    found = by_code(report, "TPA302")
+    assert [(f.target, f.facts["count"], f.facts["example"]) for f in found] == [
+        ("model.layers.*.mlp.up_proj.weight", 1, "model.layers.3.mlp.up_proj.weight")]
+    assert found[0].severity == "warning"

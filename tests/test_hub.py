@@ -42,6 +42,11 @@ def hub(qwen_dir):
         (bin_only / "config.json").write_text((qwen_dir / "config.json").read_text())
         (bin_only / "pytorch_model.bin").write_bytes(b"\0" * 16)
         server.add("acme/bin-only", bin_only)
+        broken = qwen_dir.parent / "broken-header"
+        broken.mkdir()
+        (broken / "config.json").write_text((qwen_dir / "config.json").read_text())
+        (broken / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")  # declares an absurd header length
+        server.add("acme/broken-header", broken)
         yield server
 
 
@@ -158,3 +163,10 @@ def test_snapshot_records_repo_and_commit(hub, tmp_path):
     assert len(doc["tensors"]) == 882 and len(doc["files"]) == 13
     offline = run_cli("check", str(out), "--tp", "4", "--format", "json")
     assert json.loads(offline.stdout)["worst_rank_param_bytes"] == 16_362_514_912
+
+
+def test_malformed_header_is_exit_2(hub, tmp_path):
+    proc = run_cli("check", "acme/broken-header", "--tp", "2", env=env_for(hub, tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "safetensors headers" in lines[0]
