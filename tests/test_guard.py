@@ -122,3 +122,18 @@ def test_guard_allow_list_threshold_and_restore():
 
     assert inside() is True
     assert DistributedMixin.__dict__["maybe_distribute_model"] is original
+
+
+def test_guard_refuses_an_untested_transformers(monkeypatch):
+    import tpaudit
+    from tpaudit import _compat
+    from tpaudit.errors import UnsupportedVersionError
+
+    real = _compat.installed_version
+    monkeypatch.setattr(_compat, "installed_version", lambda d: "5.99.0" if d == "transformers" else real(d))
+    monkeypatch.delenv("TPAUDIT_ALLOW_UNTESTED", raising=False)
+    with pytest.raises(UnsupportedVersionError, match="transformers 5.99.0 is outside the range"):
+        with tpaudit.strict_tp():
+            pass
+    monkeypatch.setenv("TPAUDIT_ALLOW_UNTESTED", "1")
+    assert "untested" in _compat.check_versions()
