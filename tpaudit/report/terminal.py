@@ -51,28 +51,39 @@ def _summary(report: Report, unit: str) -> Table:
     return t
 
 
-def _params_table(report: Report, unit: str) -> Table:
+def _params_table(report: Report, unit: str, width: int) -> Table:
+    """Full table on wide terminals; on narrow ones (< 140 columns) the whole shape, dtype and whole bytes drop out
+    (they are in `--format json`)."""
     sm = report.shard_map
     worst = sm.worst_rank
-    t = Table(title="Parameters by generic name (✗ = replicated: no rule shards it; = kept whole by its rule)",
-              title_justify="left", show_lines=False, header_style="bold")
+    wide = width >= 140
+    t = Table(title="Parameters by generic name (✗ replicated: no rule shards it; = kept whole by its rule)",
+              title_justify="left", header_style="bold")
     t.add_column("", width=1)
-    t.add_column("name", overflow="fold")
+    t.add_column("name", overflow="fold", ratio=3)
     t.add_column("n", justify="right")
-    t.add_column("style")
-    t.add_column("shape")
-    t.add_column(f"rank {worst} shape" if sm.world_size > 1 else "shape per rank")
-    t.add_column(f"bytes ({unit})", justify="right")
-    t.add_column(f"per rank {worst} ({unit})", justify="right")
+    t.add_column("style", overflow="fold", ratio=1)
+    if wide:
+        t.add_column("shape", overflow="fold", ratio=1)
+        t.add_column("dtype")
+    t.add_column(f"rank {worst} shape" if sm.world_size > 1 else "shape", overflow="fold", ratio=1)
+    if wide:
+        t.add_column(f"whole ({unit})", justify="right")
+    t.add_column(f"rank {worst} ({unit})", justify="right")
     for g in report.groups:
         mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
         style = "red" if mark == "✗" and any(f.target == g.generic_name and f.severity == "error"
                                              for f in report.findings) else ""
         tied = f" (tied to {g.tied_to})" if g.tied_to else ""
-        t.add_row(mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-",
-                  _shape(g.global_shape) + f" {g.dtype}", _shape(g.local_shape_rank0 if worst == 0 else
-                                                             g.local_shape_last),
-                  format_bytes(g.total_bytes, unit), format_bytes(g.rank_bytes[worst], unit))
+        local = g.local_shape_rank0 if worst == 0 else g.local_shape_last
+        row = [mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-"]
+        if wide:
+            row += [_shape(g.global_shape), g.dtype]
+        row.append(_shape(local))
+        if wide:
+            row.append(format_bytes(g.total_bytes, unit))
+        row.append(format_bytes(g.rank_bytes[worst], unit))
+        t.add_row(*row)
     return t
 
 
@@ -96,7 +107,7 @@ def render(report: Report, console: Console, *, unit: str = "GiB", show_params: 
     title = f"tpaudit check · sizes in {unit_text}"
     console.print(Panel(_summary(report, unit), title=title, title_align="left"))
     if show_params:
-        console.print(_params_table(report, unit))
+        console.print(_params_table(report, unit, console.width))
     if report.unused_rules:
         console.print(Text("Rules that match nothing: ", style="bold") + Text(", ".join(report.unused_rules)))
     if report.findings:
