@@ -45,10 +45,10 @@ def test_clean_model_exits_0_and_json_is_the_contract():
 def test_terminal_report_states_units():
     proc = run_main("check", LLAMA, "--tp", "2", "--no-params")
     assert proc.returncode == 0, proc.stderr
-    assert "GiB = 2^30 bytes" in proc.stdout
+    assert "GiB = 2^10, 2^20, 2^30 bytes" in proc.stdout
     assert "16,060,522,496 B" in proc.stdout
     proc = run_main("check", LLAMA, "--tp", "2", "--no-params", "--units", "GB")
-    assert "GB = 10^9 bytes" in proc.stdout and "16.06 GB" in proc.stdout
+    assert "GB = 10^3, 10^6, 10^9 bytes" in proc.stdout and "16.06 GB" in proc.stdout
 
 
 @pytest.mark.parametrize("args, needles", [

@@ -93,7 +93,11 @@ def suggestion_section(report: Report, base_plan: dict[str, str], text_prefix: s
         return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,
                 "errors": r.count("error"), "warnings": r.count("warning")}
 
-    section = {"rules": {s.key: s.style for s in suggestions}, "unresolved": unresolved,
+    prefix = text_prefix + "." if text_prefix else ""
+    dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
+    dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
+    base_plan = {k: v for k, v in base_plan.items() if k not in dead}
+    section = {"rules": {s.key: s.style for s in suggestions}, "unresolved": unresolved, "removed": sorted(dead),
                "voters": {s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters}
                           for s in suggestions},
                "before": summary(report), "after": None, "plan": None, "snippet": None, "new_errors": []}
@@ -110,7 +114,8 @@ def suggestion_section(report: Report, base_plan: dict[str, str], text_prefix: s
         section["voters"] = {s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters}
                              for s in suggestions}
         before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
-        section.update(after=summary(after), plan=plan, snippet=snippet(owner_class, base_plan, suggestions),
+        section.update(after=summary(after), plan=plan,
+                       snippet=snippet(owner_class, base_plan, suggestions, sorted(dead)),
                        new_errors=[f.to_json() for f in after.findings
                                    if f.severity == "error" and f.fingerprint not in before_errors])
     return section

@@ -21,11 +21,14 @@ def load_baseline(path: str) -> set[str]:
     Raises:
         UsageError: the file is unreadable or neither a tpaudit JSON report nor a SARIF log.
     """
+    import gzip
+
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot read --baseline {path}: {e}. Pass an earlier 'tpaudit check --format json' "
-                         "output") from None
+        raw = Path(path).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot read --baseline {path}: {type(e).__name__}: {e}. Pass an earlier 'tpaudit check "
+                         "--format json' output") from None
     if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("tpaudit/check/"):
         return {f"{f['code']}:{f['target']}" for f in doc.get("findings", []) if isinstance(f, dict)}
     if isinstance(doc, dict) and doc.get("version") == "2.1.0" and "runs" in doc:

@@ -126,9 +126,14 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
     return list(suggestions.values()), unresolved
 
 
-def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Suggestion]) -> str:
-    """A ready `base_model_tp_plan` for `owner_class`, the added rules marked with their voters."""
-    lines = [f"# {owner_class}", "base_model_tp_plan = {"]
+def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Suggestion],
+            removed: list[str] = ()) -> str:
+    """A ready `base_model_tp_plan` for `owner_class`: the added rules marked with their voters, the rules that
+    matched nothing dropped (listed in a comment)."""
+    lines = [f"# {owner_class}"]
+    if removed:
+        lines.append(f"# removed (they match nothing): {', '.join(removed)}")
+    lines.append("base_model_tp_plan = {")
     for key, style in base_plan.items():
         lines.append(f'    "{key}": "{style}",')
     for s in suggestions:

@@ -47,6 +47,19 @@ def format_bytes(n: int, unit: str = "GiB", digits: int = 2) -> str:
     return f"{value:,.{digits}f} {steps[i]}"
 
 
+def unit_legend(unit: str = "GiB") -> str:
+    """`"sizes in binary units: KiB, MiB, GiB = 2^10, 2^20, 2^30 B"` (or the decimal family for `"GB"`): each printed
+    size carries its unit; this says which family they belong to."""
+    if unit.lower().endswith("ib"):
+        return "sizes in binary units (KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes)"
+    return "sizes in decimal units (KB, MB, GB = 10^3, 10^6, 10^9 bytes)"
+
+
+def plural(n: int, word: str) -> str:
+    """`plural(1, "error")` -> `"1 error"`, `plural(3, "error")` -> `"3 errors"`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def format_int(n: int) -> str:
     """`62141508064` -> `"62,141,508,064"`."""
     return f"{n:,}"

@@ -6,7 +6,6 @@ from collections import defaultdict
 from typing import Iterable
 
 from ..model import Finding, generic_name  # noqa: F401
-from ..units import format_bytes
 from .registry import CheckContext, rule
 
 
@@ -46,7 +45,7 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
         target = first.name if len(members) == 1 else f"{root}.*"
         yield Finding(
             code="TPA301", kind="unmapped_checkpoint_tensor", severity="warning", target=target,
-            message=(f"{len(members)} checkpoint tensor(s) under `{root}` ({format_bytes(total)}, e.g. `{first.name}`) "
+            message=(f"{len(members)} checkpoint tensor(s) under `{root}` ({ctx.size(total)}, e.g. `{first.name}`) "
                      f"map to no parameter of {ctx.architecture}: `{root}` does not exist in the model, so the loader "
                      "drops them"),
             fix="Check that the checkpoint matches the model class; ignore if the part is unused at inference",

@@ -8,7 +8,6 @@ from collections import defaultdict
 from typing import Iterable
 
 from ..model import Finding, ParamShard
-from ..units import format_bytes
 from .registry import CheckContext, rule
 
 _ROUTER_LEAF = re.compile(r"(^|_)(gate|router)$")
@@ -90,8 +89,8 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
 
     **Why it matters**
     Each rank pays the weight's full size at any `tp_size`. Qwen3-VL-30B-A3B with no `mlp.experts.*` rules keeps all
-    48 x 128 experts (55.5 GiB of 57.9 GiB) on every rank: 55.74 GiB per rank at tp 4 instead of 15.24 GiB, and
-    training OOMs (huggingface/transformers#48308).
+    48 x 128 experts (54.00 GiB of its 57.87 GiB) on every rank: 55.74 GiB per rank at tp 4 instead of 15.24 GiB,
+    and training OOMs (huggingface/transformers#48308).
 
     **Example**
     `base_model_tp_plan` has `layers.*.mlp.gate_proj/up_proj/down_proj` rules while every layer is a MoE block whose
@@ -117,7 +116,7 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
         yield Finding(
             code="TPA001", kind="replicated_weight", severity="error", target=generic,
             message=(f"`{generic}` replicated on {world} ranks: {len(members)} x {_shape(first)} "
-                     f"{first.dtype} = {format_bytes(total)} on every rank ({_why(first)})"),
+                     f"{first.dtype} = {ctx.size(total)} on every rank ({_why(first)})"),
             fix=f"Add a rule for `{key}` to {_owner(ctx)} base_model_tp_plan (tpaudit check --suggest proposes one)",
             facts={"count": len(members), "bytes": total, "bytes_per_rank": total, "shape": list(first.global_shape),
                    "dtype": first.dtype, "rule": first.rule, "style": first.style, "relative_key": key,
@@ -129,7 +128,7 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
         what = "router/gate" if is_router(members[0]) else "convolution"
         yield Finding(
             code="TPA001", kind="replicated_weight", severity="note", target=generic,
-            message=(f"`{generic}` ({what}) held whole on every rank: {format_bytes(total)}; transformers keeps "
+            message=(f"`{generic}` ({what}) held whole on every rank: {ctx.size(total)}; transformers keeps "
                      f"{what} weights replicated by design"),
             facts={"count": len(members), "bytes": total, "bytes_per_rank": total})
     # Towers outside the decoder: one note per tower.
@@ -141,7 +140,7 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
         total = sum(p.global_bytes for p in members)
         yield Finding(
             code="TPA001", kind="replicated_weight", severity="note", target=f"{root}.*",
-            message=(f"`{root}` ({len(members)} tensors, {format_bytes(total)}) is held whole on every rank: "
+            message=(f"`{root}` ({len(members)} tensors, {ctx.size(total)}) is held whole on every rank: "
                      "transformers' TP plans do not cover vision/audio towers and projectors"),
             facts={"count": len(members), "bytes": total, "bytes_per_rank": total})
 
@@ -226,7 +225,7 @@ def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
         yield Finding(
             code="TPA003", kind="no_plan", severity="error", target=ctx.text_prefix or ctx.architecture,
             message=(f"{ctx.architecture} has no tensor-parallel plan for its base model at tp_size {sm.tp_size}: "
-                     f"{why}; {format_bytes(total)} of decoder weights are held whole on every rank"),
+                     f"{why}; {ctx.size(total)} of decoder weights are held whole on every rank"),
             fix=f"Add base_model_tp_plan to {_owner(ctx)} (tpaudit check --suggest){ep_hint}",
             facts={"decoder_bytes": total, "loader_errors": list(ctx.plan.loader_errors),
                    "has_ep_plan": bool(ctx.plan.ep_rules)})
@@ -263,11 +262,11 @@ def check_replicated_budget(ctx: CheckContext) -> Iterable[Finding]:
     over_bytes = opts.max_replicated_bytes is not None and replicated > opts.max_replicated_bytes
     over_share = opts.max_replicated_share is not None and share > opts.max_replicated_share
     if over_bytes or over_share:
-        limit = (format_bytes(opts.max_replicated_bytes) if over_bytes
+        limit = (ctx.size(opts.max_replicated_bytes) if over_bytes
                  else f"{opts.max_replicated_share:.2%} of the model")
         yield Finding(
             code="TPA004", kind="replicated_budget", severity="error", target="replicated",
-            message=(f"{format_bytes(replicated)} ({share:.2%} of the model) is replicated on every rank, over the "
+            message=(f"{ctx.size(replicated)} ({share:.2%} of the model) is replicated on every rank, over the "
                      f"--max-replicated budget of {limit}"),
             fix="Shard the largest replicated families, or raise --max-replicated",
             facts={"replicated_bytes": replicated, "share": share, "max_bytes": opts.max_replicated_bytes,

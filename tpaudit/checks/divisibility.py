@@ -172,23 +172,29 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
         if r in ("k", "kv") and any(x != whole for x in local):
             kv_sharded_layers.add(index)
     bad: dict[int, list[int]] = defaultdict(list)
+    by_rank: dict[int, list[float]] = {}
     for layer in layers:
         if layer.kind in ("none", "mla") or layer.index not in kv_sharded_layers:
             continue
         if layer.kv_heads % tp:
             bad[layer.kv_heads].append(layer.index)
+            whole, local = rows.get((layer.index, "k")) or rows.get((layer.index, "kv"))
+            by_rank.setdefault(layer.kv_heads, [layer.kv_heads * x / whole for x in local])
     cfg = ctx.text_config
     for heads, indices in sorted(bad.items()):
         attr = next((n for n in ("num_key_value_heads", *sorted(vars(cfg)))
                      if "key_value_heads" in n and heads in config_values(cfg, n)), "num_key_value_heads")
         target = ctx.config_target(attr)
         per_rank = heads / tp
+        exact = by_rank[heads]
+        shares = " / ".join(f"{h:.3g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.3g} .. {min(exact):.3g}"
         valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
         yield Finding(
             code="TPA102", kind="kv_heads_per_rank", severity="error", target=target,
-            message=(f"`{target}` = {heads} KV heads cannot be split across {tp} ranks: each rank holds "
-                     f"{per_rank:g} of a head in {len(indices)} layer(s); the KV cache and the sharded attention "
-                     "disagree (transformers' get_kv_heads_per_rank returns None)"),
+            message=(f"`{target}` = {heads} KV heads cannot be split across {tp} ranks: the ranks hold {shares} "
+                     f"heads' worth of key rows in {len(indices)} layer(s), no rank a whole number; the KV cache and "
+                     "the sharded attention disagree (transformers' get_kv_heads_per_rank returns None)"),
             fix=f"Use a tp_size dividing {heads} ({valid}), or drop the colwise k_proj/v_proj rules so every rank "
                 "holds all KV heads",
-            facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": per_rank, "layers": indices})
+            facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": per_rank, "heads_by_rank": exact,
+                   "layers": indices})

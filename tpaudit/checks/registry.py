@@ -109,10 +109,12 @@ class CheckOptions:
     Attributes:
         max_replicated_bytes (`int`, *optional*): `--max-replicated` as bytes per rank.
         max_replicated_share (`float`, *optional*): `--max-replicated` as a share (0..1) of the model's bytes.
+        unit (`str`): `"GiB"` or `"GB"`: the unit family of sizes in finding messages (`--units`); facts stay bytes.
     """
 
     max_replicated_bytes: int | None = None
     max_replicated_share: float | None = None
+    unit: str = "GiB"
 
     @classmethod
     def from_budget(cls, text: str) -> "CheckOptions":
@@ -172,6 +174,12 @@ class CheckContext:
         """A full generic name as a key of `base_model_tp_plan` (`model.language_model.layers.*.x` -> `layers.*.x`)."""
         prefix = self.text_prefix + "." if self.text_prefix else ""
         return generic[len(prefix):] if prefix and generic.startswith(prefix) else generic
+
+    def size(self, n: int) -> str:
+        """`n` bytes in the report's unit family (`--units`), e.g. `"36.00 GiB"`."""
+        from ..units import format_bytes
+
+        return format_bytes(n, self.options.unit)
 
     @property
     def text_config(self):

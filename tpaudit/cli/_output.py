@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from typing import Callable
 
@@ -31,7 +32,9 @@ def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
     from rich.console import Console
 
     if output is None:
-        draw(Console())
+        # A pipe or a CI log is no 80-column terminal: draw wide unless COLUMNS says otherwise.
+        wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else width
+        draw(Console(width=wide))
         return
     buffer = io.StringIO()
     draw(Console(file=buffer, width=width, no_color=True))

@@ -69,7 +69,10 @@ def check(
 
     from ..errors import UsageError
 
+    import dataclasses
+
     options = CheckOptions.from_budget(max_replicated) if max_replicated is not None else CheckOptions()
+    options = dataclasses.replace(options, unit=units.value)
     plan_override = load_plan_file(plan) if plan is not None else None
     if write_plan is not None and not suggest:
         raise UsageError("--write-plan needs --suggest. Add --suggest")
@@ -93,6 +96,7 @@ def check(
         if suggested is None:
             raise UsageError("--suggest found no rule to propose, so there is no plan to write to --write-plan")
         write_output(json.dumps(suggested, indent=2) + "\n", write_plan)
+        print(f"tpaudit: wrote the suggested plan ({len(suggested)} rules) to {write_plan}", file=sys.stderr)
     render_report(report, format, output, units.value, show_params=not quiet_params, plan_path=plan)
     return exit_code_for(report, fail_on.value, exit_zero)
 

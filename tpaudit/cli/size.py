@@ -7,8 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._options import (ArchitectureOpt, ModelArg, OutputFormat, RevisionOpt, TokenOpt, TrustRemoteCodeOpt, Units,
-                       UnitsOpt)
+from ._options import ArchitectureOpt, ModelArg, RevisionOpt, TokenOpt, TrustRemoteCodeOpt, Units, UnitsOpt
 
 SIZE_EXAMPLES = [
     "tpaudit size Qwen/Qwen3-VL-30B-A3B-Instruct --gpu H100-80GB --context 32768",
@@ -44,7 +43,7 @@ def size(
         "--overhead", help="Per-GPU overhead: bytes (4GiB) or a share of GPU memory (10%). Default: 1 GiB + 8%.")]
     = None,
     plan: Annotated[Optional[str], typer.Option("--plan", help="As for check.")] = None,
-    format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table or json.")] = OutputFormat.table,
+    format: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
@@ -77,16 +76,16 @@ def size(
             capacity = parse_bytes(gpu_memory)
         except ValueError as e:
             raise UsageError(f"--gpu-memory: {e}") from None
-    if format not in (OutputFormat.table, OutputFormat.json):
-        raise UsageError(f"--format {format.value} is not supported by size. Pass table or json")
+    if format not in ("table", "json"):
+        raise UsageError(f"--format {format} is not supported by size. Pass table or json")
     plan_override = load_plan_file(plan) if plan is not None else None
     source = open_source(model, revision=revision, token=token,
-                         progress=format == OutputFormat.table and sys.stdout.isatty())
+                         progress=format == "table" and sys.stdout.isatty())
     report = size_model(source, capacity_bytes=capacity, gpu_name=gpu, tp_sizes=_int_list(tp, "--tp"),
                         ep_sizes=_int_list(ep, "--ep"), context=context, batch=batch, kv_dtype=kv_dtype,
                         overhead=parse_overhead(overhead), plan_override=plan_override, architecture=architecture,
                         trust_remote_code=trust_remote_code)
-    if format == OutputFormat.json:
+    if format == "json":
         from ..report.size import render_json
 
         write_output(render_json(report), output)

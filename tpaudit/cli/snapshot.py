@@ -33,6 +33,6 @@ def snapshot(
     path = write_snapshot(source, output, origin=f"recorded by tpaudit {__version__} from {where} ({source.kind})",
                           recorded_by=f"tpaudit {__version__}")
     tensors = "config only" if source.tensors is None else \
-        f"{len(source.tensors)} tensors, {format_bytes(source.checkpoint_bytes)} of weights not downloaded"
+        f"{len(source.tensors)} tensors ({format_bytes(source.checkpoint_bytes)} of weights, headers only)"
     print(f"wrote {path}: {where}, {tensors}")
     return 0

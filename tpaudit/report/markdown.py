@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..model import Report
-from ..units import format_bytes, format_int
+from ..units import format_bytes, format_int, plural, unit_legend
 
 _ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
 
@@ -20,8 +20,8 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30) -> str:
     status = "❌" if errors else ("⚠️" if warnings else "✅")
     name = m.get("repo_id") or m.get("ref")
     lines = [f"### {status} tpaudit: `{name}` at tp_size {sm.tp_size}, ep_size {sm.ep_size}", "",
-             f"{errors} errors, {warnings} warnings, {notes} notes · sizes in "
-             f"{'GiB (2^30 B)' if unit.lower().endswith('ib') else 'GB (10^9 B)'}", "",
+             f"{plural(errors, 'error')}, {plural(warnings, 'warning')}, {plural(notes, 'note')} · "
+             f"{unit_legend(unit)}", "",
              "| | |", "|---|---|",
              f"| model | `{_cell(m.get('architecture'))}` ({_cell(m.get('model_type'))}, {m.get('dtype')}) |",
              f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]

@@ -7,7 +7,7 @@ import html
 import json
 
 from ..scan import COMPONENTS, ScanReport
-from ..units import format_bytes
+from ..units import format_bytes, plural
 
 
 def render_json(report: ScanReport) -> str:
@@ -31,8 +31,9 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False) -> N
     from rich.text import Text
 
     data = report.to_json()
-    console.print(Text(f"tpaudit scan · tp_size {report.tp_size} · {len(report.models)} model types · "
-                       f"{data['counts']} · {report.seconds:.0f} s", style="bold"))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(data["counts"].items()))
+    console.print(Text(f"tpaudit scan · tp_size {report.tp_size} · {plural(len(report.models), 'model type')} "
+                       f"({counts}) · {report.seconds:.0f} s", style="bold"))
     t = Table(header_style="bold")
     for col in ("model_type", "status", "errors", "replicated", "share", "replicated families (error)", "unused rules"):
         t.add_column(col, overflow="fold")

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..sizing import SizeReport
-from ..units import format_bytes
+from ..units import format_bytes, unit_legend
 
 _BAR = 48
 
@@ -40,14 +40,14 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB") 
     name = report.gpu.get("name") or "GPU"
     console.print(Text(f"tpaudit size · {report.model.get('repo_id') or report.model.get('ref')} · {name} "
                        f"{format_bytes(cap, unit)} per GPU · context {report.context:,} x batch {report.batch} · "
-                       f"KV cache {report.kv_dtype} · sizes in {unit}", style="bold"))
+                       f"KV cache {report.kv_dtype} · {unit_legend(unit)}", style="bold"))
     t = Table(header_style="bold")
     for col in ("tp", "ep", "valid", "weights", "total/N", "KV", "overhead", "total", "free", "fits"):
         t.add_column(col, justify="right" if col not in ("valid", "fits") else "center")
     rec = report.recommended
     for o in report.options:
         w = o.worst
-        mark = "✓" if o.fits else "✗"
+        mark = "✓" if o.fits else ("invalid" if not o.valid else "✗")
         row = [str(o.tp_size), str(o.ep_size), "yes" if o.valid else "no"]
         if w is None:
             row += ["-"] * 6 + [mark]
@@ -66,7 +66,8 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB") 
     console.print(Text("█ weights  ▓ KV cache/state  ▒ overhead  · free", style="dim"))
     for o in report.options:
         if o.worst is not None:
-            console.print(Text(f"tp {o.tp_size:>2} ep {o.ep_size:>2} worst r{o.worst.rank:<3}") + _bar(o.worst, cap))
+            bar = _bar(o.worst, cap) + (Text(" invalid (see above)", style="bold") if not o.valid else Text())
+            console.print(Text(f"tp {o.tp_size:>2} ep {o.ep_size:>2} worst r{o.worst.rank:<3}") + bar)
     if rec is not None:
         console.print(Text(f"Recommended: tp_size {rec.tp_size}, ep_size {rec.ep_size} (the smallest valid option "
                            f"that fits). Its ranks:", style="bold green"))

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..model import Report
-from ..units import format_bytes, format_int
+from ..units import format_bytes, format_int, plural, unit_legend
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 _SHARDING_MARK = {"sharded": "", "replicated_by_rule": "=", "unsharded": "✗"}
@@ -46,8 +46,8 @@ def _summary(report: Report, unit: str) -> Table:
     if sm.world_size > 1:
         t.add_row("replicated", f"{format_int(report.replicated_bytes)} B ({format_bytes(report.replicated_bytes, unit)}"
                                 f"), {report.replicated_share:.2%} of the model, held whole by every rank")
-    t.add_row("findings", f"{report.count('error')} errors, {report.count('warning')} warnings, "
-                          f"{report.count('note')} notes")
+    t.add_row("findings", f"{plural(report.count('error'), 'error')}, {plural(report.count('warning'), 'warning')}, "
+                          f"{plural(report.count('note'), 'note')}")
     return t
 
 
@@ -57,7 +57,8 @@ def _params_table(report: Report, unit: str, width: int) -> Table:
     sm = report.shard_map
     worst = sm.worst_rank
     wide = width >= 140
-    t = Table(title="Parameters by generic name (✗ replicated: no rule shards it; = kept whole by its rule)",
+    t = Table(title="Parameters by generic name (✗ replicated: no rule shards it · '=' kept whole on purpose by "
+                    "its rule)",
               title_justify="left", header_style="bold")
     t.add_column("", width=1)
     t.add_column("name", overflow="fold", ratio=3)
@@ -68,8 +69,8 @@ def _params_table(report: Report, unit: str, width: int) -> Table:
         t.add_column("dtype")
     t.add_column(f"rank {worst} shape" if sm.world_size > 1 else "shape", overflow="fold", ratio=1)
     if wide:
-        t.add_column(f"whole ({unit})", justify="right")
-    t.add_column(f"rank {worst} ({unit})", justify="right")
+        t.add_column("whole", justify="right")
+    t.add_column(f"rank {worst}", justify="right")
     for g in report.groups:
         mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
         style = "red" if mark == "✗" and any(f.target == g.generic_name and f.severity == "error"
@@ -103,8 +104,7 @@ def _findings_table(report: Report) -> Table:
 
 def render(report: Report, console: Console, *, unit: str = "GiB", show_params: bool = True) -> None:
     """Print `report` on `console`: summary, parameter table, unused rules, findings and notes."""
-    unit_text = "GiB = 2^30 bytes" if unit.lower().endswith("ib") else "GB = 10^9 bytes"
-    title = f"tpaudit check · sizes in {unit_text}"
+    title = f"tpaudit check · {unit_legend(unit)}"
     console.print(Panel(_summary(report, unit), title=title, title_align="left"))
     if show_params:
         console.print(_params_table(report, unit, console.width))
@@ -127,12 +127,17 @@ def _kv(section: dict, unit: str):
     worst = max(per_rank) if per_rank else 0
     layers = ", ".join(f"{n} {k}" for k, n in sorted(section["layers"].items()))
     text = Text("KV cache: ", style="bold")
-    text.append(f"{format_int(worst)} B per token on the worst rank ({section['dtype']}; KV heads per rank "
-                f"{section['kv_heads_per_rank']} of {section['kv_heads']}; layers: {layers}")
+    text.append(f"{format_int(worst)} B per token on the worst rank ({section['dtype']}; KV heads: "
+                f"{section['kv_heads']} in all, {_heads(section['kv_heads_per_rank'])} per rank; layers: {layers}")
     if section.get("windows"):
         text.append(f"; sliding windows {section['windows']} tokens")
     text.append(")")
     return text
+
+
+def _heads(value) -> str:
+    values = value if isinstance(value, list) else [value]
+    return " / ".join(f"{v:g}" for v in values)
 
 
 def _suggestion(section: dict, unit: str):
@@ -142,7 +147,7 @@ def _suggestion(section: dict, unit: str):
         parts.append(Text("Suggested plan ", style="bold") + Text(
             f"(re-simulated: worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
             f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
-        parts.append(Text(section["snippet"].rstrip()))
+        parts.append(Text(section["snippet"].rstrip(), no_wrap=True, overflow="ignore"))  # pasteable as is
     else:
         parts.append(Text("No rule to suggest: no sibling architecture shards the replicated families.", style="bold"))
     for item in section.get("unresolved", []):
