@@ -67,7 +67,7 @@ def load_plan_file(path: str) -> dict[str, str]:
             plan = json.load(f)
     except OSError as e:
         raise PlanError(f"cannot read --plan {path}: {e.strerror or e}. Check the path", path=path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise PlanError(f"--plan {path} is not valid JSON: {e}. Write a JSON object of rule -> style", path=path) \
             from None
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
@@ -135,12 +135,20 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
                     f"transformers {installed_version('transformers')} does not know model type {model_type!r}. "
                     "Upgrade transformers, or pass --trust-remote-code if the repo ships its modeling code",
                     path=source.config_path) from None
-            raise ConfigError(f"transformers cannot read {source.config_path or source.ref}: {_first_line(text)}. Fix "
+            raise ConfigError(f"transformers cannot read {source.config_path or source.ref}: {_one_line(text)}. Fix "
                               "the config", path=source.config_path) from None
-        except (TypeError, KeyError, AttributeError, OSError) as e:
-            raise ConfigError(f"transformers cannot read {source.config_path or source.ref}: "
-                              f"{type(e).__name__}: {_first_line(str(e))}. Fix the config",
+        except Exception as e:  # noqa: BLE001 - transformers' validators (and remote code) raise many kinds
+            origin = "the repo's own configuration code" if trust_remote_code and "auto_map" in source.config \
+                else "transformers"
+            raise ConfigError(f"{origin} cannot read {source.config_path or source.ref}: "
+                              f"{type(e).__name__}: {_one_line(str(e))}. Fix the config",
                               path=source.config_path) from None
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """A multi-line library message (a validator's field name on one line, the reason on the next) as one line."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _first_line(text: str, limit: int = 240) -> str:
@@ -166,9 +174,21 @@ def _plan_owner(config) -> tuple[Any, str]:
 def _model_class(config, architecture: str | None, trust_remote_code: bool):
     import transformers
 
-    name = architecture or (config.architectures or [None])[0]
+    from transformers import PreTrainedModel
+
+    if architecture is not None and not architecture.strip():
+        raise ConfigError("--architecture is empty. Pass a model class name such as LlamaForCausalLM")
+    archs = getattr(config, "architectures", None)
+    name = architecture or (archs[0] if isinstance(archs, (list, tuple)) and archs else None)
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"config.json's architectures[0] is {name!r}, not a class name. Fix the config or pass "
+                          "--architecture")
     if name and hasattr(transformers, name):
-        return getattr(transformers, name)
+        cls = getattr(transformers, name)
+        if not (isinstance(cls, type) and issubclass(cls, PreTrainedModel)):
+            raise ConfigError(f"{name} is not a transformers model class (it is a {type(cls).__name__}). Pass a "
+                              "class such as Qwen3VLMoeForConditionalGeneration to --architecture")
+        return cls
     auto_map = getattr(config, "auto_map", None) or {}
     if name and trust_remote_code and auto_map:
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
@@ -197,9 +217,12 @@ def _resolve_dtype(config, source: ModelSource, notes: list[str], override: str 
     from ._compat import str_to_torch_dtype
 
     if override is not None:
-        value = getattr(torch, override, None)
-        if not isinstance(value, torch.dtype):
-            raise ConfigError(f"--dtype {override} is not a torch dtype. Pass bfloat16, float16 or float32")
+        value = getattr(torch, override, None) if isinstance(override, str) and override else None
+        if not isinstance(value, torch.dtype) or not value.is_floating_point or "float8" in override:
+            from .errors import UsageError
+
+            raise UsageError(f"--dtype {override} is not a dtype from_pretrained can build a model in. Pass "
+                             "bfloat16, float16 or float32")
         return value
 
     dtype = getattr(config, "dtype", None)
@@ -301,6 +324,7 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
             if (sub_config := getattr(config, sub, None)) is not None:
                 sub_config.dtype = dtype
 
+        _check_plausible(config)
         model = _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers)
         if qinfo is not None and quantizer is not None and not qinfo["ran"]:
             quantizer = None
@@ -323,6 +347,21 @@ def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = N
     return BuiltModel(model=model, config=config, architecture=cls.__name__,
                       dtype=str(dtype).removeprefix("torch."), text_prefix=text_prefix, plan_owner=owner_path,
                       quantization=qinfo, mapping=mapping, notes=notes)
+
+
+MAX_LAYERS = 4096
+
+
+def _check_plausible(config) -> None:
+    """Refuse depths no model has before building every layer on the meta device (which would take hours)."""
+    from .checks.registry import config_value
+
+    for cfg in {id(c): c for c in (config, getattr(config, "get_text_config", lambda **_: config)(decoder=True))
+                }.values():
+        layers = config_value(cfg, "num_hidden_layers")
+        if isinstance(layers, int) and not isinstance(layers, bool) and not 0 <= layers <= MAX_LAYERS:
+            raise ConfigError(f"num_hidden_layers = {layers} is not a plausible depth (0 to {MAX_LAYERS}): tpaudit "
+                              "builds every layer on the meta device. Fix the config")
 
 
 def _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers):

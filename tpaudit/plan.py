@@ -77,6 +77,9 @@ class ResolvedPlan:
         return None, None, None
 
 
+MAX_WORLD_SIZE = 1024
+
+
 def distributed_config(tp_size: int, ep_size: int = 1, overrides: dict | None = None):
     """`DistributedConfig(tp_size, ep_size, **overrides)`, its own validation turned into a one-line `UsageError`.
 
@@ -89,6 +92,9 @@ def distributed_config(tp_size: int, ep_size: int = 1, overrides: dict | None = 
         raise UsageError(f"--tp {tp_size} is invalid: tp_size must be a positive integer. Pass --tp 2, 4 or 8")
     if ep_size < 1:
         raise UsageError(f"--ep {ep_size} is invalid: ep_size must be a positive integer. Pass --ep 1 or --ep {tp_size}")
+    if max(tp_size, ep_size) > MAX_WORLD_SIZE:
+        raise UsageError(f"--tp {tp_size} --ep {ep_size} is more ranks than tpaudit simulates (at most "
+                         f"{MAX_WORLD_SIZE}): the fake process group builds a mesh of that many ranks")
     from transformers.distributed import DistributedConfig
 
     try:

@@ -60,12 +60,15 @@ def parse_overhead(text: str | None) -> OverheadPolicy:
     if text is None:
         return OverheadPolicy()
     value = text.strip()
-    try:
-        if value.endswith("%"):
+    if value.endswith("%"):
+        try:
             share = float(value[:-1]) / 100
-            if not 0 <= share < 1:
-                raise ValueError
-            return OverheadPolicy(fixed_bytes=0, reserve_share=share)
+        except ValueError:
+            share = float("nan")
+        if not 0 <= share < 1:
+            raise UsageError(f"--overhead {text} is not a share of GPU memory between 0% and 100% (exclusive)")
+        return OverheadPolicy(fixed_bytes=0, reserve_share=share)
+    try:
         return OverheadPolicy(fixed_bytes=parse_bytes(value), reserve_share=0.0)
     except ValueError:
         raise UsageError(f"--overhead {text} is neither a byte size (4GiB) nor a share of GPU memory (10%)") from None
@@ -223,6 +226,11 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     overhead = overhead or OverheadPolicy()
     versions = {"tpaudit": __version__, **check_versions()}
     ep_sizes = ep_sizes or [1]
+    from .plan import MAX_WORLD_SIZE
+
+    for flag, values in (("--tp", tp_sizes), ("--ep", ep_sizes)):
+        if any(v < 1 or v > MAX_WORLD_SIZE for v in values):
+            raise UsageError(f"{flag} {','.join(map(str, values))}: each size must be between 1 and {MAX_WORLD_SIZE}")
     combos = sorted({(tp, ep) for tp in tp_sizes for ep in ep_sizes if ep in (1, tp)})
     if not combos:
         raise UsageError(f"no (tp, ep) pair to try: --ep {ep_sizes} must be 1 or equal to one of --tp {tp_sizes} "
@@ -239,11 +247,11 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         notes.update(report.notes)
         kv = report.extra.get("kv_cache")
         kv_name = kv_dtype or (kv["dtype"] if kv else report.model["dtype"])
-        try:
-            kv_itemsize = torch.empty((), dtype=getattr(torch, kv_name)).element_size()
-        except (AttributeError, TypeError):
-            raise UsageError(f"--kv-dtype {kv_name} is not a torch dtype. Pass bfloat16, float16, float8_e4m3fn or "
-                             "float32") from None
+        kv_torch = getattr(torch, kv_name, None) if kv_name else None
+        if not isinstance(kv_torch, torch.dtype) or not kv_torch.is_floating_point:
+            raise UsageError(f"--kv-dtype {kv_name!r} is not a cache dtype. Pass bfloat16, float16, float8_e4m3fn or "
+                             "float32")
+        kv_itemsize = kv_torch.itemsize
         scale = kv_itemsize / kv["itemsize"] if kv else 1.0
         state = int(kv["linear_state_bytes_per_sequence"] * scale) * batch if kv else 0
         over = overhead.bytes_for(capacity_bytes)

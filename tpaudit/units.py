@@ -10,6 +10,7 @@ import re
 
 GIB = 1 << 30
 GB = 10**9
+MAX_BYTES = 1 << 60  # 1 EiB: anything larger is a typo, not a GPU or a model
 _UNITS = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -25,10 +26,14 @@ def parse_bytes(text: str) -> int:
     Raises:
         ValueError: not a non-negative number with an optional unit.
     """
-    m = _QUANTITY.match(text)
-    if not m or m.group(2).lower() not in _UNITS:
+    m = _QUANTITY.match(str(text))
+    unit = (m.group(2).lower() or "b") if m else ""
+    if not m or unit not in _UNITS:
         raise ValueError(f"{text!r} is not a byte size such as 80GB, 24GiB or 1e9")
-    return int(round(float(m.group(1)) * _UNITS[m.group(2).lower() or "b"]))
+    value = float(m.group(1)) * _UNITS[unit]
+    if value > MAX_BYTES:
+        raise ValueError(f"{text!r} is more than a byte size can sensibly be (over 1 EiB)")
+    return int(round(value))
 
 
 def format_bytes(n: int, unit: str = "GiB", digits: int = 2) -> str:

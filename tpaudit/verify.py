@@ -303,9 +303,13 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
     from . import __version__
     from ._compat import check_versions
 
+    import math
+
     versions = {"tpaudit": __version__, **check_versions()}
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and 0 < timeout <= 7 * 86400):
+        raise UsageError(f"--timeout {timeout} must be a positive number of seconds (at most a week)")
     world = max(tp_size, ep_size)
-    nproc = nproc or world
+    nproc = world if nproc is None else nproc
     if nproc != world:
         raise UsageError(f"--nproc {nproc} must equal the world size max(--tp, --ep) = {world} (transformers 5.23 "
                          "without FSDP)")
@@ -324,10 +328,11 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
         workdir = Path(tmp)
         path, notes = prepare_model_dir(ref, zero_weights=zero_weights, revision=revision, token=token,
                                         workdir=workdir)
+        # Predict first: a config, dtype or plan that cannot work is an input error (exit 2) before any rank starts.
+        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code)
         records = launch(path, tp_size=tp_size, ep_size=ep_size, nproc=nproc, device=device, dtype=dtype,
                          architecture=architecture, trust_remote_code=trust_remote_code, timeout=timeout,
                          workdir=workdir)
-        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code)
     ranks, mismatches = compare(report.shard_map, records)
     model = {k: report.model.get(k) for k in ("ref", "model_type", "architecture", "dtype")}
     model["ref"] = ref

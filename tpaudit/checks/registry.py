@@ -127,12 +127,15 @@ class CheckOptions:
         from ..units import parse_bytes
 
         value = str(text).strip()
-        try:
-            if value.endswith("%"):
+        if value.endswith("%"):
+            try:
                 share = float(value[:-1]) / 100
-                if not 0 <= share <= 1:
-                    raise ValueError
-                return cls(max_replicated_share=share)
+            except ValueError:
+                share = float("nan")
+            if not 0 <= share <= 1:
+                raise UsageError(f"--max-replicated {text} is not a share between 0% and 100%")
+            return cls(max_replicated_share=share)
+        try:
             return cls(max_replicated_bytes=parse_bytes(value))
         except ValueError:
             raise UsageError(f"--max-replicated {text} is neither a byte size (2GiB, 500MB, 1e9) nor a percentage "
@@ -213,11 +216,10 @@ def config_value(config, name: str):
 def config_values(config, name: str) -> list:
     """Every distinct value of `name` across the layers: `per_layer_config[i].name` for heterogeneous configs, else
     the single global value (empty when absent)."""
-    layers = None
     try:
-        layers = config.per_layer_config
-    except Exception:  # noqa: BLE001 - not a heterogeneous config
-        layers = None
+        layers = list(config.per_layer_config or [])
+    except Exception:  # noqa: BLE001 - not a heterogeneous config (or one whose layer list is broken)
+        layers = []
     values = []
     for c in layers or [config]:
         v = config_value(c, name)

@@ -29,8 +29,8 @@ def check(
     tp: TpOpt,
     ep: EpOpt = 1,
     plan: Annotated[Optional[str], typer.Option(
-        "--plan", help="JSON object of rule -> style that replaces the base model's base_model_tp_plan (keys relative "
-                       "to the base model, as in configuration_*.py).")] = None,
+        "--plan", help="Path of a JSON file holding an object of rule -> style; it replaces the base model's "
+                       "base_model_tp_plan (keys relative to the base model, as in configuration_*.py).")] = None,
     format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
     revision: RevisionOpt = None,

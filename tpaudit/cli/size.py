@@ -19,7 +19,7 @@ def _int_list(text: str, flag: str) -> list[int]:
     from ..errors import UsageError
 
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",")]
     except ValueError:
         raise UsageError(f"{flag} {text} is not a comma-separated list of integers such as 1,2,4,8") from None
     if not values or any(v < 1 for v in values):
@@ -76,6 +76,8 @@ def size(
             capacity = parse_bytes(gpu_memory)
         except ValueError as e:
             raise UsageError(f"--gpu-memory: {e}") from None
+        if capacity <= 0:
+            raise UsageError(f"--gpu-memory {gpu_memory} must be more than 0 bytes")
     if format not in ("table", "json"):
         raise UsageError(f"--format {format} is not supported by size. Pass table or json")
     plan_override = load_plan_file(plan) if plan is not None else None

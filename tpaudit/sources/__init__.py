@@ -28,9 +28,25 @@ def classify_reference(ref: str) -> str:
     Raises:
         ModelReferenceError: `ref` is none of these (a path that does not exist and is not `org/name`).
     """
+    import os
+    import stat
+
     from .snapshot import looks_like_snapshot
 
+    if not ref or not ref.strip():
+        raise ModelReferenceError("the model reference is empty. Pass a model directory, a snapshot file or a Hub id",
+                                  ref=ref)
     path = Path(ref)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        mode = None
+        if os.path.lexists(path):  # a dangling symlink, a loop, or a path we may not read
+            raise ModelReferenceError(f"{ref} cannot be opened: {e.strerror or e}. Pass a readable model directory "
+                                      "or file", ref=ref) from None
+    if mode is not None and not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise ModelReferenceError(f"{ref} is neither a directory nor a regular file. Pass a model directory, a "
+                                  "snapshot file or a Hub id", ref=ref)
     if path.is_dir():
         return "local"
     if path.is_file():

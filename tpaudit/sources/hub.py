@@ -102,6 +102,10 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
     if isinstance(e, hf.SafetensorsParsingError):
         raise CheckpointError(f"cannot read the safetensors headers of {at}: {str(e).rstrip('.')}. The shard is "
                               "malformed or its header exceeds huggingface_hub's size cap") from None
+    if isinstance(e, (AttributeError, TypeError, KeyError, ValueError)) and what != "config.json" and \
+            not isinstance(e, hf.HfHubHTTPError):
+        raise CheckpointError(f"cannot read the safetensors headers of {at}: a header is malformed "
+                              f"({type(e).__name__}: {str(e)[:160]}). The repo's checkpoint is corrupt") from None
     if isinstance(e, hf.HfHubHTTPError):
         raise HubError(f"cannot read {at}: {endpoint} answered HTTP {status}. Retry later or check HF_ENDPOINT",
                        repo_id=repo_id, revision=revision) from None

@@ -37,6 +37,8 @@ def read_config(path: Path) -> dict:
         raise ConfigError(f"cannot read {path}: {e}. Check the file's permissions and encoding", path=str(path)) from None
     try:
         config = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path} nests JSON too deeply to be a config.json. Fix the file", path=str(path)) from None
     except json.JSONDecodeError as e:
         raise ConfigError(
             f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. Fix the file or download it again",
@@ -57,22 +59,41 @@ def tensors_from_safetensors_metadata(metadata) -> tuple[CheckpointTensor, ...]:
     Raises:
         CheckpointError: a header lists a dtype the safetensors format does not define.
     """
-    from ..model import SAFETENSORS_DTYPE_BYTES
-
     out: list[CheckpointTensor] = []
     for filename in sorted(metadata.files_metadata):
         file_meta = metadata.files_metadata[filename]
-        items = sorted(file_meta.tensors.items(), key=lambda kv: tuple(kv[1].data_offsets))
-        for name, info in items:
-            if info.dtype not in SAFETENSORS_DTYPE_BYTES:
-                raise CheckpointError(
-                    f"{filename}: tensor {name} has dtype {info.dtype!r}, which safetensors does not define. "
-                    "The header is corrupt or from a newer format; re-download the shard",
-                    path=filename,
-                )
-            out.append(CheckpointTensor(name=name, dtype=info.dtype, shape=tuple(int(x) for x in info.shape),
-                                        file=filename))
+        tensors = getattr(file_meta, "tensors", None)
+        if not isinstance(tensors, dict):
+            raise CheckpointError(f"{filename}: the safetensors header is not a JSON object of tensors. The shard is "
+                                  "corrupt; re-download it", path=filename)
+        entries = [_checked_entry(filename, name, info) for name, info in tensors.items()]
+        for _, name, dtype, shape in sorted(entries, key=lambda e: e[0]):
+            out.append(CheckpointTensor(name=name, dtype=dtype, shape=shape, file=filename))
     return tuple(out)
+
+
+def _checked_entry(filename: str, name, info) -> tuple[int, str, str, tuple[int, ...]]:
+    """`(data start, name, dtype, shape)` of one header entry, or `CheckpointError` naming what is malformed."""
+    from ..model import SAFETENSORS_DTYPE_BYTES
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{filename}: tensor {str(name)[:80]!r} has {what} in its safetensors header. The shard "
+                               "is corrupt or was not written by safetensors; re-download it", path=filename)
+
+    dtype = getattr(info, "dtype", None)
+    shape = getattr(info, "shape", None)
+    offsets = getattr(info, "data_offsets", None)
+    if not isinstance(name, str):
+        raise bad("a non-string name")
+    if dtype not in SAFETENSORS_DTYPE_BYTES:
+        raise bad(f"dtype {dtype!r}, which safetensors does not define")
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                       for d in shape):
+        raise bad(f"shape {str(shape)[:60]}, not a list of non-negative integers")
+    if not (isinstance(offsets, (list, tuple)) and len(offsets) == 2 and all(isinstance(o, int) and
+                                                                          not isinstance(o, bool) for o in offsets)):
+        raise bad(f"data_offsets {str(offsets)[:60]}, not two integers")
+    return offsets[0], name, dtype, tuple(shape)
 
 
 def _has_other_weights(directory: Path) -> list[str]:
@@ -123,9 +144,12 @@ def load_local(ref: str) -> ModelSource:
                                   path=str(path)) from None
         except NotASafetensorsRepoError as e:  # pragma: no cover - guarded by has_safetensors
             raise CheckpointError(str(e), path=str(path)) from None
-        except (OSError, ValueError) as e:
+        except OSError as e:
             raise CheckpointError(f"cannot read the safetensors headers in {path}: {e}. Check the files",
                                   path=str(path)) from None
+        except Exception as e:  # noqa: BLE001 - a header of the wrong JSON shape breaks the parser in many ways
+            raise CheckpointError(f"{path}: a safetensors header is malformed ({type(e).__name__}: {e}). Re-download "
+                                  "the shard: tpaudit reads only its header", path=str(path)) from None
         tensors = tensors_from_safetensors_metadata(metadata)
     else:
         others = _has_other_weights(path)
@@ -151,9 +175,12 @@ def _check_index(index: Path, directory: Path) -> None:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index} has no weight_map of tensor name -> shard file. Download it again",
                               path=str(index))
+    root = directory.resolve()
     for shard in sorted(set(weight_map.values())):
-        if os.sep in shard or shard.startswith(".."):
-            raise CheckpointError(f"{index} names shard {shard!r} outside the model directory", path=str(index))
+        target = (directory / shard).resolve()
+        if not shard or os.path.isabs(shard) or root not in target.parents:
+            raise CheckpointError(f"{index} names shard {shard!r} outside the model directory. Fix the index",
+                                  path=str(index))
         if not (directory / shard).is_file():
             raise CheckpointError(
                 f"{directory} is incomplete: the index lists {shard}, which is missing. Download the snapshot "

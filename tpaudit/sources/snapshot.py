@@ -43,18 +43,28 @@ def _read_json(path: Path) -> Any:
         if raw[:2] == _GZIP_MAGIC:
             raw = gzip.decompress(raw)
         return json.loads(raw)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise SnapshotError(f"{path} is not a JSON (or gzip JSON) file: {e}. Record it again with "
                             "'tpaudit snapshot'", path=str(path)) from None
 
 
+def _index(x) -> bool:
+    """A non-negative int that is not a bool (JSON `true` would pass `isinstance(x, int)`)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def looks_like_snapshot(path: Path) -> bool:
-    """True when `path` is a file whose JSON object has `"schema": "tpaudit/snapshot/..."`. Never raises."""
+    """True when `path` is meant as a snapshot: gzip data (a config.json is never compressed), or a JSON object with a
+    `schema` key or the snapshot's `config` + `tensors` keys. A corrupt one is then reported as a snapshot error
+    rather than mistaken for a config. Never raises."""
     try:
+        with open(path, "rb") as f:
+            if f.read(2) == _GZIP_MAGIC:
+                return True
         data = _read_json(path)
-    except SnapshotError:
-        return False
-    return isinstance(data, dict) and str(data.get("schema", "")).startswith("tpaudit/snapshot/")
+    except (OSError, SnapshotError):
+        return path.name.endswith((".json.gz", ".snapshot.json"))
+    return isinstance(data, dict) and ("schema" in data or ("config" in data and "tensors" in data))
 
 
 def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
@@ -96,7 +106,9 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
                 name, dtype, shape, file_index = entry
                 if not isinstance(name, str) or dtype not in SAFETENSORS_DTYPE_BYTES:
                     raise ValueError
-                if not all(isinstance(x, int) and x >= 0 for x in shape):
+                if not isinstance(shape, list) or not all(_index(x) for x in shape):
+                    raise ValueError
+                if file_index is not None and not _index(file_index):
                     raise ValueError
                 file = files[file_index] if file_index is not None else None
             except (ValueError, TypeError, IndexError):
@@ -107,6 +119,9 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
     source = data.get("source") or {}
     if not isinstance(source, dict):
         source = {}
+    for key in ("repo_id", "revision", "commit"):
+        if source.get(key) is not None and not isinstance(source[key], str):
+            raise SnapshotError(f"{path}: source.{key} must be a string, not {source[key]!r}", path=str(path))
     notes = []
     if tensors is None:
         notes.append("config only: the snapshot records no checkpoint, so shapes come from the model built on the "
