@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import CASES, FIXTURES, ROOT, audit
+from conftest import CASES, ROOT, audit
 
 RANK_PROBE = r"""
 import json, sys

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from conftest import FIXTURES, read_json_any, run_cli
 
 GB = 10**9

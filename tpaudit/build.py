@@ -60,8 +60,6 @@ def load_plan_file(path: str) -> dict[str, str]:
     Raises:
         PlanError: not readable, not a JSON object of strings, or a style transformers does not register.
     """
-    from ._compat import style_names
-
     try:
         with open(path, encoding="utf-8") as f:
             plan = json.load(f)

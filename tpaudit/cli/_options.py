@@ -40,6 +40,12 @@ ArchitectureOpt = Annotated[Optional[str], typer.Option(
 TrustRemoteCodeOpt = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Allow the repo's own modeling code (never run otherwise).")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+TableJsonOpt = Annotated[str, typer.Option("--format", "-f", help="table or json.")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", help="The dtype passed to from_pretrained (default: auto, from config.json or the checkpoint).")]
+PlanOpt = Annotated[Optional[str], typer.Option(
+    "--plan", help="Path of a JSON file holding an object of rule -> style; it replaces the base model's "
+                   "base_model_tp_plan (keys relative to the base model, as in configuration_*.py).")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="Write the report to this file instead of "
                                                                          "stdout.")]
 UnitsOpt = Annotated[Units, typer.Option("--units", help="Units for printed sizes: GiB (2^30 B) or GB (10^9 B). JSON "

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from ._output import emit_rich, write_output
-from ._options import (ArchitectureOpt, EpOpt, FailOn, FormatOpt, ModelArg, OutputFormat, OutputOpt, RevisionOpt,
-                       TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
+from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, FailOn, FormatOpt, ModelArg, OutputFormat, OutputOpt,
+                       PlanOpt, RevisionOpt, TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
 
 CHECK_EXAMPLES = [
     "tpaudit check Qwen/Qwen3-VL-30B-A3B-Instruct --tp 4",
@@ -28,9 +28,7 @@ def check(
     model: ModelArg,
     tp: TpOpt,
     ep: EpOpt = 1,
-    plan: Annotated[Optional[str], typer.Option(
-        "--plan", help="Path of a JSON file holding an object of rule -> style; it replaces the base model's "
-                       "base_model_tp_plan (keys relative to the base model, as in configuration_*.py).")] = None,
+    plan: PlanOpt = None,
     format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
     revision: RevisionOpt = None,
@@ -44,9 +42,7 @@ def check(
     = FailOn.error,
     exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (never hides exit 2, 3 "
                                                                 "or 4).")] = False,
-    dtype: Annotated[Optional[str], typer.Option(
-        "--dtype", help="The dtype passed to from_pretrained (default: auto, from config.json or the checkpoint).")]
-    = None,
+    dtype: DtypeOpt = None,
     suggest: Annotated[bool, typer.Option(
         "--suggest", help="Propose rules for replicated families from sibling architectures, re-simulate, and print "
                           "a base_model_tp_plan snippet with before/after bytes.")] = False,

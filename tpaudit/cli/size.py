@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._options import ArchitectureOpt, ModelArg, RevisionOpt, TokenOpt, TrustRemoteCodeOpt, Units, UnitsOpt
+from ._options import (ArchitectureOpt, ModelArg, OutputOpt, PlanOpt, RevisionOpt, TableJsonOpt, TokenOpt,
+                       TrustRemoteCodeOpt, Units, UnitsOpt)
 
 SIZE_EXAMPLES = [
     "tpaudit size Qwen/Qwen3-VL-30B-A3B-Instruct --gpu H100-80GB --context 32768",
@@ -42,9 +43,9 @@ def size(
     overhead: Annotated[Optional[str], typer.Option(
         "--overhead", help="Per-GPU overhead: bytes (4GiB) or a share of GPU memory (10%). Default: 1 GiB + 8%.")]
     = None,
-    plan: Annotated[Optional[str], typer.Option("--plan", help="As for check.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
-    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
+    plan: PlanOpt = None,
+    format: TableJsonOpt = "table",
+    output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     architecture: ArchitectureOpt = None,

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._options import ArchitectureOpt, EpOpt, ModelArg, RevisionOpt, TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, \
-    UnitsOpt
+from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, ModelArg, OutputOpt, RevisionOpt, TableJsonOpt, TokenOpt,
+                       TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
 
 VERIFY_EXAMPLES = [
     "tpaudit verify ./tiny-moe --tp 2 --device cpu",
@@ -26,10 +26,10 @@ def verify(
     zero_weights: Annotated[bool, typer.Option(
         "--zero-weights", help="Load a sparse checkpoint with the model's real headers and zero data (any source: "
                                "Hub, directory, snapshot); nothing is downloaded but headers.")] = False,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="dtype passed to from_pretrained.")] = None,
+    dtype: DtypeOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a hung load is stopped.")] = 900,
-    format: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
-    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
+    format: TableJsonOpt = "table",
+    output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     architecture: ArchitectureOpt = None,
