@@ -363,9 +363,9 @@ def _check_plausible(config) -> None:
 
 
 def _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers):
-    import copy
-
-    config = copy.deepcopy(config) if quantizer is None and qinfo is None else config
+    """`cls(config)` under the loader's init contexts, then the quantizer's `preprocess_model` (its failure is
+    recorded in `qinfo`, not raised). `config` is tpaudit's own copy (from `load_config`, or deep-copied by
+    `build_model`), so building from it in place is what `from_pretrained` does with its copy."""
     try:
         with ContextManagers(cls.get_init_context(dtype, quantizer is not None, False, None)):
             model = cls(config)
@@ -409,12 +409,11 @@ def _text_prefix(model, owner, PreTrainedModel) -> str:
     """Module path of the base model whose config owns the plan (`model.language_model` in a VLM)."""
     candidates = [(name, m) for name, m in model.named_modules()
                   if isinstance(m, PreTrainedModel) and getattr(m, "base_model", None) is m]
-    for name, m in candidates:
-        if m.config is owner:
-            return name
-    for name, m in candidates:
-        if getattr(m.config, "base_model_tp_plan", None):
-            return name
+    for match in (lambda c: c is owner, lambda c: type(c) is type(owner),
+                  lambda c: bool(getattr(c, "base_model_tp_plan", None))):
+        for name, m in candidates:
+            if match(m.config):
+                return name
     return candidates[-1][0] if candidates else ""
 
 
