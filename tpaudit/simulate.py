@@ -69,17 +69,14 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
     Raises:
         UsageError: transformers refuses to apply the plan (e.g. experts that `ep_size` does not divide).
     """
-    from torch.distributed.tensor import DTensor, Replicate
-
-    from ._compat import local_shape, quiet_libraries
+    from ._compat import quiet_libraries
     from .errors import UsageError
     from .plan import distributed_config
 
     model = built.model
     tp_size, ep_size = plan.tp_size, plan.ep_size
     world_size = max(tp_size, ep_size)
-    distribute = (tp_size > 1 or ep_size > 1) and not plan.loader_errors
-    if distribute:
+    if (tp_size > 1 or ep_size > 1) and not plan.loader_errors:
         dc = distributed_config(tp_size, ep_size, plan.dist_overrides)
         with quiet_libraries(), fake_process_group(world_size):
             try:
@@ -87,14 +84,27 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
             except ValueError as e:
                 raise UsageError(f"transformers refuses to shard this model at tp_size {tp_size}, ep_size {ep_size}: "
                                  f"{e}") from None
-            params = _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape)
-    else:
-        params = _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape)
+            params = _read_params(model, built.mapping, plan, world_size)
+    else:  # one rank, or a plan the loader itself refuses: every parameter stays whole
+        params = _read_params(model, built.mapping, plan, world_size)
     return ShardMap(tp_size=tp_size, ep_size=ep_size, params=tuple(params))
 
 
-def _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape) -> list[ParamShard]:
-    mapping = built.mapping
+def _origin(name: str, mapping) -> tuple[str, tuple[str, ...]]:
+    """Where a parameter's shape and dtype come from, and the checkpoint tensors that load into it."""
+    if mapping is not None and name in mapping.companions:
+        return "companion", (mapping.companions[name].name,)
+    if mapping is not None and name in mapping.by_param:
+        return "checkpoint", tuple(mapping.by_param[name])
+    return "model", ()
+
+
+def _read_params(model, mapping, plan: ResolvedPlan, world_size: int) -> list[ParamShard]:
+    """Every parameter's placement and each rank's local shape (read inside the fake process group)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from ._compat import local_shape
+
     tied = dict(getattr(model, "all_tied_weights_keys", {}) or {})
     modules = dict(model.named_modules())
     applied = {**plan.applied_tp, **plan.applied_ep}
@@ -103,38 +113,26 @@ def _read_params(model, built, plan, world_size, DTensor, Replicate, local_shape
         module_name = name.rpartition(".")[0]
         module = modules.get(module_name)
         rule, style, kind = plan.rule_for(name)
-        rule_applied = name in applied or module_name in applied
         global_shape = tuple(int(x) for x in param.shape)
         if isinstance(param, DTensor):
-            mesh = param.device_mesh
-            placements = tuple(param.placements)
+            mesh, placements = param.device_mesh, tuple(param.placements)
             shapes = tuple(local_shape(global_shape, mesh.shape, [r % mesh.size()], placements)
                            for r in range(world_size))
             placement = _placement_text(placements)
             shard_dim, split_factor = _split_of(placements, len(global_shape))
-            if all(isinstance(p, Replicate) for p in placements):
-                sharding = "replicated_by_rule"
-            else:
-                sharding = "sharded"
+            sharding = "replicated_by_rule" if all(isinstance(p, Replicate) for p in placements) else "sharded"
         else:
             shapes = tuple(global_shape for _ in range(world_size))
-            placement = "whole"
-            shard_dim, split_factor = None, 1
-            sharding = "replicated_by_rule" if (rule_applied and style in EXPLICIT_REPLICATE_STYLES) else "unsharded"
-        if mapping is None:
-            origin, ckpt = "model", ()
-        elif name in mapping.companions:
-            origin, ckpt = "companion", (mapping.companions[name].name,)
-        elif name in mapping.by_param:
-            origin, ckpt = "checkpoint", tuple(mapping.by_param[name])
-        else:
-            origin, ckpt = "model", ()
+            placement, shard_dim, split_factor = "whole", None, 1
+            rule_applied = name in applied or module_name in applied
+            sharding = "replicated_by_rule" if rule_applied and style in EXPLICIT_REPLICATE_STYLES else "unsharded"
+        origin, ckpt = _origin(name, mapping)
         out.append(ParamShard(
             name=name, generic_name=generic_name(name), global_shape=global_shape,
             dtype=str(param.dtype).removeprefix("torch."), itemsize=param.element_size(),
-            local_shapes=shapes, style=style, rule=rule,
-            plan=kind, placement=placement, sharding=sharding, origin=origin, checkpoint_names=ckpt,
-            tied_to=tied.get(name), module_type=type(module).__name__ if module is not None else "",
+            local_shapes=shapes, style=style, rule=rule, plan=kind, placement=placement, sharding=sharding,
+            origin=origin, checkpoint_names=ckpt, tied_to=tied.get(name),
+            module_type=type(module).__name__ if module is not None else "",
             shard_dim=shard_dim, split_factor=split_factor))
     return out
 
