@@ -11,6 +11,7 @@ from ..units import format_bytes, plural
 
 
 def render_json(report: ScanReport) -> str:
+    """The scan as indented `tpaudit/scan/v1` JSON text (sizes in integer bytes), ending with a newline."""
     return json.dumps(report.to_json(), indent=2) + "\n"
 
 
@@ -27,6 +28,7 @@ def _families(model: dict, limit: int = 3) -> str:
 
 
 def render_terminal(report: ScanReport, console, *, show_all: bool = False) -> None:
+    """Print one row per model type (status, error count, replicated bytes and share, error families) on `console`."""
     from rich.table import Table
     from rich.text import Text
 
@@ -51,6 +53,7 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False) -> N
 
 
 def render_markdown(report: ScanReport) -> str:
+    """The scan as a Markdown table for a pull-request comment (model types without a model class left out)."""
     data = report.to_json()
     lines = [f"### tpaudit scan: tp_size {report.tp_size}", "",
              f"{len(report.models)} model types: " + ", ".join(f"{k} {v}" for k, v in sorted(data["counts"].items())),

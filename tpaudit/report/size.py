@@ -15,6 +15,7 @@ _BAR = 48
 
 
 def render_json(report: SizeReport) -> str:
+    """The sizing as indented `tpaudit/size/v1` JSON text (sizes in integer bytes), ending with a newline."""
     return json.dumps(report.to_json(), indent=2) + "\n"
 
 
