@@ -422,10 +422,12 @@ class Report:
         return self.replicated_bytes / self.total_param_bytes if self.total_param_bytes else 0.0
 
     def count(self, severity: str) -> int:
+        """Number of findings of `severity` (`"error"`, `"warning"` or `"note"`)."""
         return sum(1 for f in self.findings if f.severity == severity)
 
     @property
     def has_errors(self) -> bool:
+        """True when an error-severity finding exists (`check` exits 1)."""
         return self.count("error") > 0
 
     def to_json(self) -> dict[str, Any]:

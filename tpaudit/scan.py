@@ -194,6 +194,8 @@ def _worker_init() -> None:
 
 @dataclass
 class ScanReport:
+    """Every scanned model type's row (`ScanResult.to_json()` dicts, sorted by model type) and how the scan ran."""
+
     tp_size: int
     models: list[dict]
     versions: dict[str, str]

@@ -38,9 +38,11 @@ class OverheadPolicy:
     reserve_share: float = DEFAULT_RESERVE_SHARE
 
     def bytes_for(self, capacity: int) -> int:
+        """Overhead bytes for a GPU of `capacity` bytes."""
         return self.fixed_bytes + int(self.reserve_share * capacity)
 
     def describe(self) -> str:
+        """The policy in words, for reports."""
         parts = []
         if self.fixed_bytes:
             parts.append(f"{self.fixed_bytes:,} B fixed (CUDA context, communication buffers)")
@@ -116,10 +118,12 @@ class SizeOption:
 
     @property
     def worst(self) -> RankMemory | None:
+        """The rank with the largest total (the lowest such rank), `None` when the simulation could not run."""
         return max(self.ranks, key=lambda r: (r.total_bytes, -r.rank)) if self.ranks else None
 
     @property
     def fits(self) -> bool:
+        """Valid, and the worst rank's total is at most the GPU's capacity."""
         return self.valid and self.worst is not None and self.worst.total_bytes <= self.capacity_bytes
 
     @property
@@ -164,6 +168,7 @@ class SizeReport:
 
     @property
     def recommended(self) -> SizeOption | None:
+        """The smallest valid (tp, ep) that fits, `None` when none does."""
         fitting = [o for o in self.options if o.fits]
         return min(fitting, key=lambda o: (o.tp_size, o.ep_size)) if fitting else None
 

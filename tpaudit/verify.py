@@ -136,6 +136,7 @@ class VerifyResult:
 
     @property
     def match(self) -> bool:
+        """Every rank loaded and holds exactly the predicted shards."""
         return self.load_error is None and not self.mismatches
 
     def to_json(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def leaf_module(p: ParamShard) -> str:
 
 
 def parent_module(p: ParamShard) -> str:
+    """`model.layers.0.self_attn.o_proj.weight` -> `self_attn`: the module above the parameter's module."""
     parts = p.name.split(".")
     return parts[-3] if len(parts) >= 3 else ""
 

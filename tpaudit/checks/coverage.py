@@ -21,6 +21,7 @@ def is_router(p: ParamShard) -> bool:
 
 
 def is_conv(p: ParamShard) -> bool:
+    """A convolution kernel (`Conv1d/2d/3d` modules): transformers keeps them whole."""
     return p.module_type.startswith("Conv") or "Conv1d" in p.module_type or "Conv2d" in p.module_type \
         or "Conv3d" in p.module_type
 

@@ -98,6 +98,7 @@ def all_rules() -> list[Rule]:
 
 
 def get_rule(code: str) -> Rule | None:
+    """The registered rule for `code` (case-insensitive, e.g. `"tpa001"`), or `None`."""
     all_rules()
     return _RULES.get(code.upper())
 

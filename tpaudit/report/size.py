@@ -37,6 +37,8 @@ def _bar(rank, capacity: int) -> Text:
 
 
 def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB") -> None:
+    """Print the options table, invalid reasons, one bar per option (worst rank) and one per rank of the
+    recommended option."""
     cap = report.gpu["memory_bytes"]
     name = report.gpu.get("name") or "GPU"
     console.print(Text(f"tpaudit size · {report.model.get('repo_id') or report.model.get('ref')} · {name} "

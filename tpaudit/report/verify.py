@@ -10,10 +10,12 @@ from ..verify import VerifyResult
 
 
 def render_json(result: VerifyResult) -> str:
+    """The comparison as indented `tpaudit/verify/v1` JSON text (sizes in integer bytes), ending with a newline."""
     return json.dumps(result.to_json(), indent=2) + "\n"
 
 
 def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: int = 20) -> None:
+    """Print the verdict, predicted against measured bytes per rank, and the first `limit` parameter mismatches."""
     from rich.table import Table
     from rich.text import Text
 
