@@ -22,8 +22,9 @@ DEFAULT = ["qwen3-vl-30b-a3b-instruct", "llama-3.1-8b-instruct", "deepseek-v3", 
 
 
 def main() -> int:
-    from tpaudit.audit import audit_source
+    from tpaudit.audit import Audit
     from tpaudit.errors import TpauditError
+    from tpaudit.model import ParallelSizes
     from tpaudit.sources import open_source
     from tpaudit.units import format_bytes
 
@@ -35,10 +36,10 @@ def main() -> int:
     print(f"{'model':34} {'tp':>3} {'exact worst rank':>18} {'total / tp':>14} {'naive error':>12}")
     for name in args.fixtures:
         path = ROOT / "fixtures" / f"{name}.snapshot.json.gz"
-        source = open_source(str(path) if path.is_file() else name)
+        audit = Audit(open_source(str(path) if path.is_file() else name))  # built once, simulated per tp
         for tp in tps:
             try:
-                r = audit_source(source, tp_size=tp)
+                r = audit.report(ParallelSizes.of(tp), parity="off")
             except TpauditError as e:
                 print(f"{name:34} {tp:>3} {'-':>18} {'-':>14}  ({e})")
                 continue

@@ -67,12 +67,23 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["tpaudit", *args], code, out.getvalue(), err.getvalue())
 
 
-def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, **kwargs):
-    """In-process `tpaudit check` (same pipeline as the CLI, without the interpreter start-up)."""
-    from tpaudit.audit import audit_source
+def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: bool = False, parity: str = "off",
+          **build_options):
+    """In-process `tpaudit check` (the same pipeline as the CLI, without the interpreter start-up). The parity check
+    is off unless asked for: tests of it ask."""
+    from tpaudit.audit import Audit
+    from tpaudit.build import BuildOptions
+    from tpaudit.model import ParallelSizes
     from tpaudit.sources import open_source
 
-    return audit_source(open_source(ref), tp_size=tp, ep_size=ep, plan_override=plan, **kwargs)
+    sizes = ParallelSizes.of(tp, ep)
+    pipeline = Audit(open_source(ref), BuildOptions(plan_override=plan, **build_options))
+    report = pipeline.report(sizes, parity=parity)
+    if suggest:
+        from tpaudit.suggest import with_suggestion
+
+        report = with_suggestion(pipeline, report, sizes)
+    return report
 
 
 @pytest.fixture

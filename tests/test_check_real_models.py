@@ -86,16 +86,18 @@ def test_qwen3_vl_tp4_pre_fix_plan_cli(qwen_tensors):
 
 
 def gpt_oss_param_bytes(config: dict) -> tuple[int, int]:
-    """(total bytes, lm_head bytes) of GptOssForCausalLM in bf16, from the config's sizes."""
+    """(total bytes, lm_head bytes) of GptOssForCausalLM as a GPU holds its MXFP4 checkpoint, from the config's sizes:
+    bf16 everywhere but the experts, whose weights stay packed FP4 (two values per uint8 byte: gate_up
+    [E, 2I, H/2], down [E, H, I/2]) with float32 biases (transformers' `Mxfp4GptOssExperts`)."""
     h, v, L = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
     heads, kv, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     e, inter = config["num_local_experts"], config["intermediate_size"]
     attn = (h * heads * hd + heads * hd) + 2 * (h * kv * hd + kv * hd) + (heads * hd * h + h) + heads  # +sinks
     router = e * h + e
-    experts = e * h * 2 * inter + e * 2 * inter + e * inter * h + e * h
-    layer = attn + router + experts + 2 * h
-    total = v * h + L * layer + h + v * h
-    return total * 2, v * h * 2
+    bf16_per_layer = attn + router + 2 * h
+    experts_bytes = e * 2 * inter * h // 2 + e * 2 * inter * 4 + e * h * inter // 2 + e * h * 4
+    total = (v * h + L * bf16_per_layer + h + v * h) * 2 + L * experts_bytes
+    return total, v * h * 2
 
 
 def test_gpt_oss_120b_config_only_tp8_has_no_plan():

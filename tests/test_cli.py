@@ -55,7 +55,7 @@ def test_terminal_report_states_units():
     (["check", "does/not-exist.json", "--tp", "2"], ["does not exist"]),
     (["check", "no_such_dir_or_hub_id", "--tp", "2"], ["not a Hub id"]),
     (["check", LLAMA, "--tp", "0"], ["--tp 0", "positive"]),
-    (["check", LLAMA, "--tp", "2", "--ep", "3"], ["--ep 3"]),
+    (["check", LLAMA, "--tp", "2", "--ep", "3"], ["ep_size=3", "--ep 3", "rejected by transformers"]),
     (["check", LLAMA, "--tp", "2", "--max-replicated", "lots"], ["--max-replicated"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needles):

@@ -39,7 +39,7 @@ def test_kv_heads_qwen3_vl_tp8_and_kv_cache_bytes():
     assert kv and kv[0].target == "text_config.num_key_value_heads" and kv[0].facts["kv_heads_per_rank"] == 0.5
     assert not by_code(report, "TPA101")  # 32 heads, vocab 151936, moe_intermediate 768: all divide by 8
     for tp in (1, 4):
-        section = audit(QWEN3_VL, tp=tp).extra["kv_cache"]
+        section = audit(QWEN3_VL, tp=tp).to_json()["kv_cache"]
         expected = layers * kv_heads * head_dim * 2 * 2 // tp           # K and V, bf16
         assert section["bytes_per_token_per_rank"] == [expected] * tp
     assert expected * 4 == 98_304 and expected == 24_576
@@ -88,17 +88,20 @@ def test_three_bit_packing_is_a_layout_error(tmp_path):
     assert any("cannot be recovered" in f.message for f in by_code(report, "TPA201"))
 
 
-def test_fused_gate_up_with_plain_colwise_is_a_layout_error():
+def test_fused_name_split_colwise_without_parity_is_only_a_warning():
+    """Without the parity check a fused name split by plain colwise is a suspicion: a warning, never an error (the
+    parity tests show the evidence turning it into an error or clearing it)."""
     plan = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
             "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
             "layers.*.mlp.experts.gate_up_proj": "colwise", "layers.*.mlp.experts.down_proj": "rowwise",
             "layers.*.mlp.experts": "moe_tp_experts"}
-    report = audit(QWEN3_VL, tp=4, plan=plan)
+    report = audit(QWEN3_VL, tp=4, plan=plan, parity="off")
     layout = by_code(report, "TPA501")
-    assert [f.target for f in layout] == ["model.language_model.layers.*.mlp.experts.gate_up_proj"]
-    assert "packed_colwise" in layout[0].fix
+    assert [(f.target, f.severity) for f in layout] == \
+        [("model.language_model.layers.*.mlp.experts.gate_up_proj", "warning")]
+    assert layout[0].facts["evidence"] == "name" and "--parity" in layout[0].fix
     plan["layers.*.mlp.experts.gate_up_proj"] = "packed_colwise"
-    assert not by_code(audit(QWEN3_VL, tp=4, plan=plan), "TPA501")
+    assert not by_code(audit(QWEN3_VL, tp=4, plan=plan, parity="off"), "TPA501")
 
 
 def test_fp8_block_misaligned_case_14(tmp_path):

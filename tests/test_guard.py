@@ -124,16 +124,20 @@ def test_guard_allow_list_threshold_and_restore():
     assert DistributedMixin.__dict__["maybe_distribute_model"] is original
 
 
-def test_guard_refuses_an_untested_transformers(monkeypatch):
+def test_guard_refuses_a_transformers_without_what_it_wraps(monkeypatch):
     import tpaudit
-    from tpaudit import _compat
+    import tpaudit.compat as compat
+    from tpaudit.compat._probe import Capability
+    from tpaudit.compat.transformers_5_23 import Transformers523
     from tpaudit.errors import UnsupportedVersionError
 
-    real = _compat.installed_version
-    monkeypatch.setattr(_compat, "installed_version", lambda d: "5.99.0" if d == "transformers" else real(d))
-    monkeypatch.delenv("TPAUDIT_ALLOW_UNTESTED", raising=False)
-    with pytest.raises(UnsupportedVersionError, match="transformers 5.99.0 is outside the range"):
-        with tpaudit.strict_tp():
-            pass
-    monkeypatch.setenv("TPAUDIT_ALLOW_UNTESTED", "1")
-    assert "untested" in _compat.check_versions()
+    monkeypatch.setattr(Transformers523, "CAPABILITIES", Transformers523.CAPABILITIES + (
+        Capability("transformers.distributed.mixin", "DistributedMixin.no_such_hook"),))
+    compat.reset_for_tests()
+    try:
+        with pytest.raises(UnsupportedVersionError, match="DistributedMixin.no_such_hook does not exist"):
+            with tpaudit.strict_tp():
+                pass
+    finally:
+        monkeypatch.undo()
+        compat.reset_for_tests()

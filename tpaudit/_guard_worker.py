@@ -1,5 +1,6 @@
 """Worker of `strict_tp`: reads `{"payload", "tp_size", "ep_size"}` JSON on stdin, writes the report JSON (with a
-`suggestion` section when errors exist) on stdout. Runs in its own interpreter, outside any torchrun process group."""
+`suggestion` section when errors exist) on stdout. Runs in its own interpreter, outside any torchrun process group;
+the model is built once for both the check and the suggestion."""
 
 from __future__ import annotations
 
@@ -8,19 +9,27 @@ import sys
 
 
 def main() -> int:
-    from .api import check_payload
-    from .cli._errors import report_error
+    from .api import payload_audit
+    from .errors import format_error
+    from .model import ParallelSizes
 
     try:
         request = json.loads(sys.stdin.read())
-        report = check_payload(request["payload"], tp_size=request["tp_size"], ep_size=request["ep_size"])
+        sizes = ParallelSizes.of(request["tp_size"], request["ep_size"])
+        audit = payload_audit(request["payload"])
+        report = audit.report(sizes, dist_overrides=request["payload"].get("overrides") or None)
         if report.has_errors:
-            report = check_payload(request["payload"], tp_size=request["tp_size"], ep_size=request["ep_size"],
-                                   suggest=True)
+            from .suggest import with_suggestion
+
+            report = with_suggestion(audit, report, sizes,
+                                     dist_overrides=request["payload"].get("overrides") or None)
         sys.stdout.write(json.dumps(report.to_json()))
         return 0
     except BaseException as e:  # noqa: BLE001 - the parent reads our one-line error
-        return report_error(e) or 1
+        lines, code = format_error(e)
+        for line in lines:
+            print(line, file=sys.stderr)
+        return code or 1
 
 
 if __name__ == "__main__":

@@ -1,223 +1,199 @@
-"""The pipeline behind `tpaudit check`: source -> meta model + resolved plan -> shard map -> findings -> Report."""
+"""The pipeline behind `tpaudit check`, one way from the source to the report (stage 6 assembles):
+
+    ModelSource -> build (BuiltModel) -> plan (ResolvedPlan) -> simulate (ShardMap) -> [parity evidence]
+                -> checks (findings) -> Report
+
+An `Audit` builds the model once; `Audit.report(sizes, plan=...)` resolves, simulates and checks one option. The
+simulation does not consume the built model, so `size` reports every (tp_size, ep_size) option, `--suggest` every
+candidate plan and the guard its check from the same build and the same checkpoint mapping.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from pathlib import Path
 
-from . import __version__
-from .checks.registry import CheckContext, CheckOptions, run_checks
-from .model import Finding, ModelSource, ParamGroup, ReplicatedFamily, Report, ShardMap
+from .build import BuildOptions, BuiltModel, build_model
+from .checks.registry import CheckContext, CheckOptions, get_rule, run_checks
+from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
+                    why_unsharded)
+from .plan import ResolvedPlan, resolve_plan
+from .simulate import simulate
 
 
-def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict[str, str] | None = None,
-                 architecture: str | None = None, trust_remote_code: bool = False, dtype: str | None = None,
-                 options: CheckOptions | None = None, suggest: bool = False, config=None,
-                 instance_plans: dict | None = None, dist_overrides: dict | None = None) -> Report:
-    """Simulate `source` at (tp_size, ep_size) with the installed transformers and run every check.
+class Audit:
+    """One model, built once on the meta device; one `Report` per (sizes, plan).
 
     Args:
         source (`ModelSource`): from `sources.open_source`.
-        tp_size (`int`): tensor-parallel size (ranks).
-        ep_size (`int`, *optional*, defaults to 1): expert-parallel size (1 or `tp_size` in transformers 5.23).
-        plan_override (`dict[str, str]`, *optional*): replaces the base model's `base_model_tp_plan` (`--plan`).
-        architecture (`str`, *optional*): model class; default `config.architectures[0]`.
-        trust_remote_code (`bool`, *optional*, defaults to `False`).
-        dtype (`str`, *optional*): load dtype as passed to `from_pretrained` (default `"auto"`).
-        options (`CheckOptions`, *optional*): budgets (`--max-replicated`).
-        suggest (`bool`, *optional*, defaults to `False`): propose rules for replicated families from sibling
-            architectures, re-simulate with them, and add the `suggestion` section (see `suggest.py`).
-        config (`PretrainedConfig`, *optional*), instance_plans (`dict`, *optional*): see `build.build_model`.
-        dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides.
-
-    Returns:
-        `Report`.
+        options (`BuildOptions`, *optional*): class, dtype, plan override, config object, instance plans.
 
     Raises:
-        UnsupportedVersionError, ConfigError, PlanError, UsageError: see `build`, `plan`, `simulate`.
+        UnsupportedVersionError, ConfigError, PlanError, UsageError: see `build.build_model`.
     """
-    from ._compat import check_versions
-    from .build import build_model
-    from .plan import distributed_config, resolve_plan
-    from .simulate import simulate
 
-    versions = {"tpaudit": __version__, **check_versions()}
-    distributed_config(tp_size, ep_size, dist_overrides)  # fail on bad sizes before building anything
-    built = build_model(source, plan_override=plan_override, architecture=architecture,
-                        trust_remote_code=trust_remote_code, dtype=dtype, config=config,
-                        instance_plans=instance_plans)
-    lm_head_names = _lm_head_names(built.model)
-    modules = _module_facts(built.model)
-    plan = resolve_plan(built, tp_size, ep_size, plan_override, dist_overrides)
-    shard_map = simulate(built, plan)
-    ctx = CheckContext(source=source, config=built.config, architecture=built.architecture,
-                       text_prefix=built.text_prefix, plan_owner=built.plan_owner, lm_head_names=lm_head_names,
-                       plan=plan, shard_map=shard_map, mapping=built.mapping, quantization=built.quantization,
-                       modules=modules, options=options or CheckOptions())
-    findings = run_checks(ctx)
-    extra = {}
-    kv = kv_section(ctx, built.dtype)
-    if kv is not None:
-        extra["kv_cache"] = kv
-    report = build_report(source, built, plan, shard_map, findings, versions, ctx, extra)
-    if suggest:
-        owner = built.config if not built.plan_owner else getattr(built.config, built.plan_owner)
-        base_plan = dict(getattr(owner, "base_model_tp_plan", None) or {})
-        if instance_plans:  # a model object: its merged plan, not its config class's, is the one in force
-            prefix = built.text_prefix + "." if built.text_prefix else ""
-            base_plan = {k[len(prefix):]: v for k, v in plan.tp_rules.items()
-                         if k.startswith(prefix) and k not in plan.injected_rules}
-        from .model import generic_name
+    def __init__(self, source: ModelSource, options: BuildOptions | None = None):
+        from .compat import versions
 
-        layouts = {ctx.relative_key(generic_name(name)): f for name, f in modules.items()
-                   if f.is_transposed or f.is_concatenated is False}
-        extra["suggestion"] = suggestion_section(
-            report, base_plan, built.text_prefix, type(owner).__name__, layouts,
-            lambda plan: audit_source(source, tp_size=tp_size, ep_size=ep_size, plan_override=plan,
-                                      architecture=architecture, trust_remote_code=trust_remote_code, dtype=dtype,
-                                      options=options, config=config, dist_overrides=dist_overrides))
-    return report
+        self.versions = versions()
+        self.source = source
+        self.options = options or BuildOptions()
+        self.built: BuiltModel = build_model(source, self.options)
 
+    def report(self, sizes: ParallelSizes, *, plan: dict[str, str] | None = None, options: CheckOptions | None = None,
+               dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None) -> Report:
+        """Resolve, simulate and check one option.
 
-def suggestion_section(report: Report, base_plan: dict[str, str], text_prefix: str, owner_class: str,
-                       layouts: dict, rerun) -> dict:
-    """Propose rules (`suggest.suggest_rules`), re-simulate with them (`rerun(plan) -> Report`) and compare.
+        Args:
+            sizes (`ParallelSizes`): validated tp/ep sizes.
+            plan (`dict[str, str]`, *optional*): a `base_model_tp_plan` to use instead of the one the model was built
+                with (keys relative to the base model); `None` keeps the built plan.
+            options (`CheckOptions`, *optional*): budgets, units.
+            dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides.
+            parity (`"auto" | "on" | "off"`): run the sharded-forward parity check when the plan needs evidence
+                (`auto`), always (`on`, `--parity`), or never (`off`, `--no-parity`).
+            plan_path (`str`, *optional*): the `--plan` file, where plan findings point.
 
-    A second round proposes rules for what the first left replicated (transformers adds `embed_tokens:
-    embedding_rowwise` by itself once a plan exists, so the input embedding is only proposed when that did not
-    happen)."""
-    from .suggest import snippet, suggest_rules
+        Returns:
+            `Report`.
 
-    suggestions, unresolved = suggest_rules(report, base_plan, text_prefix, layouts, defer={"embed_tokens"})
+        Raises:
+            UsageError: transformers refuses the sizes or the plan.
+            PlanError: `plan` names an unknown style.
+        """
+        options = options or CheckOptions()
+        built = self.built
+        built.use_plan(plan)
+        resolved = resolve_plan(built, sizes, dist_overrides)
+        shard_map = simulate(built, resolved)
+        evidence = self._parity(resolved, shard_map, parity, proposed=plan is not None or
+                                self.options.plan_override is not None)
+        ctx = CheckContext(built=built, plan=resolved, shard_map=shard_map, options=options, parity=evidence)
+        findings = locate(run_checks(ctx), built, resolved, plan_path)
+        return Report(model=_model_info(built), shard_map=shard_map, replicated=replicated_families(shard_map, findings),
+                      unused_rules=tuple(resolved.unused_tp_rules) + tuple(resolved.unused_ep_rules),
+                      findings=tuple(findings), plan=resolved.to_json(), notes=self._notes(),
+                      versions=dict(self.versions), kv_cache=_kv(built, shard_map), parity=evidence)
 
-    def summary(r: Report) -> dict:
-        return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,
-                "errors": r.count("error"), "warnings": r.count("warning")}
+    def _notes(self) -> tuple[str, ...]:
+        notes = list(self.built.notes)
+        if "untested" in self.versions:
+            notes.insert(0, self.versions["untested"])
+        return tuple(notes)
 
-    prefix = text_prefix + "." if text_prefix else ""
-    dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
-    dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
-    base_plan = {k: v for k, v in base_plan.items() if k not in dead}
-    section = {"rules": {s.key: s.style for s in suggestions}, "unresolved": unresolved, "removed": sorted(dead),
-               "voters": {s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters}
-                          for s in suggestions},
-               "before": summary(report), "after": None, "plan": None, "snippet": None, "new_errors": []}
-    if suggestions:
-        plan = {**base_plan, **{s.key: s.style for s in suggestions}}
-        after = rerun(plan)
-        more, unresolved_more = suggest_rules(after, plan, text_prefix, layouts)
-        if more:
-            suggestions += more
-            plan.update({s.key: s.style for s in more})
-            after = rerun(plan)
-        section["unresolved"] = sorted(set(unresolved) | set(unresolved_more))
-        section["rules"] = {s.key: s.style for s in suggestions}
-        section["voters"] = {s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters}
-                             for s in suggestions}
-        before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
-        section.update(after=summary(after), plan=plan,
-                       snippet=snippet(owner_class, base_plan, suggestions, sorted(dead)),
-                       new_errors=[f.to_json() for f in after.findings
-                                   if f.severity == "error" and f.fingerprint not in before_errors])
-    return section
+    def _parity(self, resolved: ResolvedPlan, shard_map, mode: str, *, proposed: bool):
+        """The parity evidence for this option (`None` when it was not needed or switched off)."""
+        if mode == "off" or not resolved.sizes.parallel or resolved.loader_errors:
+            return None
+        from . import evidence as engine
+
+        reason = engine.reason_to_run(self.built, resolved, shard_map, forced=mode == "on", proposed=proposed)
+        if reason is None:
+            return None
+        return engine.run_for(self.built, resolved, reason)
 
 
-def kv_section(ctx: CheckContext, dtype: str, kv_dtype: str | None = None) -> dict | None:
-    """The report's `kv_cache` section (`None` when the model has no decoder attention the config describes)."""
+def _kv(built: BuiltModel, shard_map):
     import torch
 
-    from .kvcache import kv_summary
+    from .kvcache import kv_section
 
-    name = kv_dtype or dtype
-    try:
-        itemsize = torch.empty((), dtype=getattr(torch, name)).element_size()
-        return kv_summary(ctx.text_config, ctx.shard_map, ctx.text_prefix, itemsize, name)
-    except Exception:  # noqa: BLE001 - configs without head shapes (encoders, exotic layouts): no KV section
-        return None
+    itemsize = torch.empty((), dtype=getattr(torch, built.dtype)).element_size()
+    return kv_section(built.text_config, shard_map, built.text_prefix, built.dtype, itemsize)
 
 
-def _lm_head_names(model) -> tuple[str, ...]:
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is None:
-        return ()
-    for name, module in model.named_modules():
-        if module is out:
-            return tuple(f"{name}.{leaf}" for leaf in module._parameters)
-    return ()
-
-
-def _module_facts(model) -> dict:
-    """Concrete module name -> `ModuleFacts` (type, logical linear sizes, attention head_dim), read before the
-    simulation turns parameters into DTensors."""
-    from .model import ModuleFacts
-
-    out = {}
-    for name, m in model.named_modules():
-        in_f, out_f = getattr(m, "in_features", None), getattr(m, "out_features", None)
-        head_dim = getattr(m, "head_dim", None)
-        flags = {k: getattr(m, k) for k in ("is_transposed", "is_concatenated") if isinstance(getattr(m, k, None), bool)}
-        out[name] = ModuleFacts(type=type(m).__name__, in_features=in_f if isinstance(in_f, int) else None,
-                                out_features=out_f if isinstance(out_f, int) else None,
-                                head_dim=head_dim if isinstance(head_dim, int) else None, **flags)
-    return out
-
-
-def group_params(shard_map: ShardMap) -> tuple[ParamGroup, ...]:
-    """Group `shard_map.params` by generic name, in model order (tied copies carry 0 bytes)."""
-    buckets: OrderedDict[str, list] = OrderedDict()
-    for p in shard_map.params:
-        buckets.setdefault(p.generic_name, []).append(p)
-    world = shard_map.world_size
-    out = []
-    for generic, members in buckets.items():
-        first = members[0]
-        counted = [p for p in members if p.tied_to is None]
-        out.append(ParamGroup(
-            generic_name=generic, count=len(members), global_shape=first.global_shape, dtype=first.dtype,
-            style=first.style, rule=first.rule, placement=first.placement, sharding=first.sharding,
-            local_shape_rank0=first.local_shapes[0], local_shape_last=first.local_shapes[world - 1],
-            total_bytes=sum(p.global_bytes for p in counted),
-            rank_bytes=tuple(sum(p.rank_bytes(r) for p in counted) for r in range(world)),
-            module_type=first.module_type, origin=first.origin, tied_to=first.tied_to))
-    return tuple(out)
-
-
-def replicated_families(ctx: CheckContext, findings: list[Finding]) -> tuple[ReplicatedFamily, ...]:
-    """Families that no rule shards, largest first, with the severity of the finding that covers them."""
-    from .checks.coverage import _why, replicated_params, tower_root
-
-    severity = {f.target: f.severity for f in findings if f.kind == "replicated_weight"}
-    buckets: OrderedDict[str, list] = OrderedDict()
-    for p in replicated_params(ctx):
-        buckets.setdefault(p.generic_name, []).append(p)
-    out = []
-    for generic, members in buckets.items():
-        sev = severity.get(generic)
-        if sev is None and not ctx.in_decoder(members[0].name) and members[0].ndim >= 2:
-            sev = severity.get(f"{tower_root(ctx, members[0].name)}.*")
-        out.append(ReplicatedFamily(name=generic, count=len(members), bytes=sum(p.global_bytes for p in members),
-                                    reason=_why(members[0]), severity=sev))
-    return tuple(sorted(out, key=lambda f: (-f.bytes, f.name)))
-
-
-def build_report(source: ModelSource, built, plan, shard_map: ShardMap, findings: list[Finding],
-                 versions: dict[str, str], ctx: CheckContext, extra: dict | None = None) -> Report:
-    """Assemble the `Report` from the stages' outputs (no computation beyond grouping and totals)."""
+def _model_info(built: BuiltModel) -> dict:
+    source = built.source
     tensors = source.tensors
-    model_info = {
+    return {
         "ref": source.ref, "kind": source.kind, "repo_id": source.repo_id, "revision": source.revision,
         "commit": source.commit, "model_type": getattr(built.config, "model_type", None),
         "architecture": built.architecture, "dtype": built.dtype, "config_only": source.config_only,
         "checkpoint_tensor_count": len(tensors) if tensors is not None else None,
-        "checkpoint_bytes": source.checkpoint_bytes, "quantization": built.quantization,
+        "checkpoint_bytes": source.checkpoint_bytes,
+        "quantization": built.quantization.to_json() if built.quantization else None,
         "config_path": source.config_path,
     }
-    plan_info = {
-        "text_prefix": plan.text_prefix, "plan_owner": plan.plan_owner or "config",
-        "tp_rules": plan.tp_rules, "ep_rules": plan.ep_rules, "override": plan.override,
-        "injected_rules": plan.injected_rules, "dropped_tp_rules": list(plan.dropped_tp_rules),
-        "loader_errors": list(plan.loader_errors),
-    }
-    unused = tuple(plan.unused_tp_rules) + tuple(plan.unused_ep_rules)
-    return Report(model=model_info, shard_map=shard_map, groups=group_params(shard_map),
-                  replicated=replicated_families(ctx, findings), unused_rules=unused, findings=tuple(findings),
-                  plan=plan_info, notes=tuple(built.notes), versions=versions, extra=extra or {})
+
+
+def replicated_families(shard_map, findings: list[Finding]) -> tuple[ReplicatedFamily, ...]:
+    """Families that no rule shards (the shard map's grouping, the one TPA001 walks), largest first, each with the
+    severity of the TPA001 finding whose `facts["families"]` covers it."""
+    severity: dict[str, str] = {}
+    for f in findings:
+        if f.kind != "replicated_weight":
+            continue
+        for name in f.facts.get("families", ()):
+            if name not in severity or SEVERITY_ORDER[f.severity] < SEVERITY_ORDER[severity[name]]:
+                severity[name] = f.severity
+    out = [ReplicatedFamily(name=g.generic_name, count=g.count, bytes=g.total_bytes, reason=why_unsharded(g.first),
+                            severity=severity.get(g.generic_name))
+           for g in shard_map.replicated_groups()]
+    return tuple(sorted(out, key=lambda f: (-f.bytes, f.name)))
+
+
+def locate(findings: list[Finding], built: BuiltModel, resolved: ResolvedPlan,
+           plan_path: str | None) -> list[Finding]:
+    """Each finding with the `Location` its rule declares (`points_at`): the `--plan` file's line naming the rule key,
+    the config's line naming the attribute, or the config file for checkpoint findings."""
+    import dataclasses
+
+    source = built.source
+    if source.kind == "hub" and source.repo_id:
+        config_file = f"https://huggingface.co/{source.repo_id}/blob/{source.commit or 'main'}/config.json"
+    else:
+        config_file = source.config_path
+    lines = {path: _lines(path) for path in {plan_path, config_file} if path and not path.startswith("https://")}
+    out = []
+    for f in findings:
+        rule = get_rule(f.code)
+        points_at = rule.points_at if rule else "plan"
+        if points_at == "plan" and plan_path:
+            path, needle = plan_path, f.facts.get("relative_key") or resolved.relative(f.target)
+        elif points_at == "config":
+            path, needle = config_file, f.target.rpartition(".")[2]
+        else:
+            path, needle = config_file, None
+        line = _line_of(lines.get(path), f'"{needle}"') if needle else None
+        out.append(dataclasses.replace(f, location=Location(path=path, line=line, logical=f.target)))
+    return out
+
+
+def _lines(path: str) -> list[str] | None:
+    try:
+        raw = Path(path).read_bytes()[: 64 << 20]
+    except OSError:
+        return None
+    if raw[:2] == b"\x1f\x8b":  # a gzip snapshot: no line to point at
+        return None
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        return None
+
+
+def _line_of(lines: list[str] | None, needle: str) -> int | None:
+    if not lines:
+        return None
+    for i, line in enumerate(lines, 1):
+        if needle in line:
+            return i
+    return None
+
+
+def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict | None = None,
+                 architecture: str | None = None, trust_remote_code: bool = False, dtype: str | None = None,
+                 options: CheckOptions | None = None, config=None, instance_plans: dict | None = None,
+                 dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None) -> Report:
+    """One report for one option: `Audit(source, ...).report(...)` (for callers that check one option).
+
+    Raises:
+        UnsupportedVersionError, ConfigError, PlanError, UsageError: see `Audit`.
+    """
+    sizes = ParallelSizes.of(tp_size, ep_size)
+    audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
+                                       trust_remote_code=trust_remote_code, dtype=dtype, config=config,
+                                       instance_plans=instance_plans))
+    return audit.report(sizes, options=options, dist_overrides=dist_overrides, parity=parity, plan_path=plan_path)
+
+
+__all__ = ["Audit", "audit_source", "replicated_families", "locate"]

@@ -30,13 +30,20 @@ def load_baseline(path: str) -> set[str]:
         raise UsageError(f"cannot read --baseline {path}: {type(e).__name__}: {e}. Pass an earlier 'tpaudit check "
                          "--format json' output") from None
     if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("tpaudit/check/"):
-        return {f"{f['code']}:{f['target']}" for f in doc.get("findings", []) if isinstance(f, dict)}
+        findings = doc.get("findings", [])
+        if not isinstance(findings, list):
+            raise UsageError(f"--baseline {path}: 'findings' is not a list. Pass an earlier 'tpaudit check --format "
+                             "json' output")
+        return {f"{f['code']}:{f['target']}" for f in findings
+                if isinstance(f, dict) and isinstance(f.get("code"), str) and isinstance(f.get("target"), str)}
     if isinstance(doc, dict) and doc.get("version") == "2.1.0" and "runs" in doc:
         out = set()
-        for run in doc["runs"]:
-            for result in run.get("results", []):
-                fp = (result.get("partialFingerprints") or {}).get("tpaudit/v1")
-                if fp:
+        for run in doc["runs"] if isinstance(doc["runs"], list) else []:
+            results = run.get("results", []) if isinstance(run, dict) else []
+            for result in results if isinstance(results, list) else []:
+                prints = result.get("partialFingerprints") if isinstance(result, dict) else None
+                fp = prints.get("tpaudit/v1") if isinstance(prints, dict) else None
+                if isinstance(fp, str):
                     out.add(fp)
         return out
     raise UsageError(f"--baseline {path} is neither a tpaudit JSON report (schema tpaudit/check/v1) nor a SARIF log. "
@@ -44,7 +51,9 @@ def load_baseline(path: str) -> set[str]:
 
 
 def apply_baseline(report: Report, accepted: set[str], path: str) -> Report:
-    """A copy of `report` without the findings `accepted` lists; `extra["baseline"]` says how many were dropped."""
+    """A copy of `report` without the findings `accepted` lists; its `baseline` section says how many were dropped."""
+    from .model import BaselineSection
+
     kept = tuple(f for f in report.findings if f.fingerprint not in accepted)
-    extra = {**report.extra, "baseline": {"file": path, "suppressed": len(report.findings) - len(kept)}}
-    return dataclasses.replace(report, findings=kept, extra=extra)
+    return dataclasses.replace(report, findings=kept,
+                               baseline=BaselineSection(file=path, suppressed=len(report.findings) - len(kept)))

@@ -1,57 +1,159 @@
-"""Build the model on the meta device exactly as `from_pretrained` would, before any weight is read.
+"""Build the model on the meta device exactly as `from_pretrained` would, before any weight is read (stage 2).
 
-The steps follow transformers 5.23 `PreTrainedModel.from_pretrained`:
+    ModelSource -> BuiltModel (the meta model + the facts later stages read)
+
+The steps follow transformers 5.23 `PreTrainedModel.from_pretrained`, each through the seam (`compat`):
 
 1. `AutoConfig.from_pretrained` on the model's `config.json` (remote code only with `trust_remote_code=True`).
 2. A `--plan` replaces `base_model_tp_plan` on the config that owns the base model's plan (the text config of a
    composite model), as if it were written in its `configuration_*.py`.
 3. The pre-quantized quantizer (`AutoHfQuantizer.from_config`), its `update_dtype`; `validate_environment` is not
    called, because it answers for this host (on a CPU it turns FP8 into BF16), not for the deployment being checked.
+   A quantizer that would dequantize because this host has no GPU (MXFP4) lays the model out as a GPU holds it.
 4. `dtype="auto"` resolution (`modeling_utils._get_dtype`): the config's `dtype`, else the checkpoint's first floating
    dtype; config-only inputs without one fall back to the text config's `dtype`, else bfloat16 (said in the notes).
 5. The model class of `config.architectures[0]`, built under `cls.get_init_context(...)` (meta device, untied),
    then `hf_quantizer.preprocess_model` (module replacement; the quantizer extends the TP/EP plans).
-6. The `_keep_in_fp32_modules(_strict)` dtype plan, then the checkpoint overlay (`mapping.map_checkpoint`).
+6. The `_keep_in_fp32_modules(_strict)` dtype plan, then the checkpoint mapping (`mapping.map_checkpoint`).
+
+The model is built once per run: every (tp_size, ep_size) option, every suggested plan (`BuiltModel.use_plan`) and
+the guard reuse it, because the simulation does not consume it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError, PlanError
+from .compat import ConfigReadError, ModuleFacts, QuantizationInfo, backend
+from .errors import ConfigError, PlanError, UsageError
 from .mapping import CheckpointMapping
 from .model import ModelSource
+
+MAX_LAYERS = 4096
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How to build the model, as `from_pretrained` arguments would say it.
+
+    Attributes:
+        plan_override (`dict[str, str]`, *optional*): rules that replace `base_model_tp_plan` of the config owning
+            the base model's plan; keys relative to that base model (`layers.*.self_attn.q_proj`).
+        architecture (`str`, *optional*): model class name; default `config.architectures[0]`.
+        trust_remote_code (`bool`): allow the repo's own modeling code.
+        dtype (`str`, *optional*): the `dtype` passed to `from_pretrained` (`"bfloat16"`); default `"auto"`.
+        config (`PretrainedConfig`, *optional*): use (a copy of) this config object instead of reading the source's.
+        instance_plans (`dict`, *optional*): `{"tp": {...}, "ep": {...}}`: the merged plans of a model object
+            (`model.tp_plan`, `model.ep_plan`), set on the built model in place of the ones it merged itself.
+        gpu_view (`bool`): size quantized weights as the target GPUs hold them, also when this host would
+            dequantize them (MXFP4 on a CPU host). Default `True`.
+    """
+
+    plan_override: dict[str, str] | None = None
+    architecture: str | None = None
+    trust_remote_code: bool = False
+    dtype: str | None = None
+    config: Any = None
+    instance_plans: dict | None = None
+    gpu_view: bool = True
 
 
 @dataclass
 class BuiltModel:
-    """The meta-device model and what it took to build it.
+    """The meta-device model and what it took to build it: the facts every later stage reads.
 
     Attributes:
-        model (`PreTrainedModel`): on the meta device, untied, plans merged (`model.tp_plan`, `model.ep_plan`).
-        config (`PretrainedConfig`): the config it was built from (with the `--plan` override applied).
+        source (`ModelSource`): what was read.
+        model (`PreTrainedModel`): on the meta device, untied, plans merged. Never sharded in place: the simulation
+            restores it.
+        config (`PretrainedConfig`): the config it was built from (tpaudit's own copy).
         architecture (`str`): the model class name.
         dtype (`str`): the load dtype (`"bfloat16"`).
         text_prefix (`str`): module path of the base model that owns the plan (`"model.language_model"`, `"model"`).
         plan_owner (`str`): attribute path of the config that owns the base model's plan (`"text_config"` or `""`).
-        quantization (`dict`, *optional*): `{"method", "quantizer", "ran", "dequantize", "reason"}` when quantized.
+        owner_config (`PretrainedConfig`): that config.
+        quantizer (`HfQuantizer`, *optional*): the quantizer that ran on the meta model (opaque; seam only).
+        quantization (`QuantizationInfo`, *optional*): what it did.
         mapping (`CheckpointMapping`, *optional*): `None` for a config-only source.
+        modules (`dict[str, ModuleFacts]`): concrete module name -> facts, read before any sharding.
+        lm_head_names (`tuple[str, ...]`): parameters of the output embedding.
+        original_plan (`dict[str, str]`): the base plan the model was built with.
         notes (`list[str]`): facts the report repeats.
     """
 
+    source: ModelSource
     model: Any
     config: Any
     architecture: str
     dtype: str
     text_prefix: str
     plan_owner: str
-    quantization: dict | None = None
+    owner_config: Any
+    quantizer: Any = None
+    quantization: QuantizationInfo | None = None
     mapping: CheckpointMapping | None = None
+    modules: dict[str, ModuleFacts] = field(default_factory=dict)
+    lm_head_names: tuple[str, ...] = ()
+    original_plan: dict[str, str] = field(default_factory=dict)
+    build_override: dict[str, str] | None = None
+    instance_plans: tuple[dict, dict] | None = None
     notes: list[str] = field(default_factory=list)
+    _active: dict[str, str] | None = None
+
+    @property
+    def text_config(self):
+        """The config that owns the base model's plan (the text config of a composite model)."""
+        return self.owner_config
+
+    def config_target(self, attr: str) -> str:
+        """A config attribute as a finding target, dotted from the top-level config (`text_config.vocab_size`)."""
+        return f"{self.plan_owner}.{attr}" if self.plan_owner else attr
+
+    def relative_key(self, generic: str) -> str:
+        """A full generic name as a key of `base_model_tp_plan` (`model.language_model.layers.*.x` -> `layers.*.x`)."""
+        prefix = self.text_prefix + "." if self.text_prefix else ""
+        return generic[len(prefix):] if prefix and generic.startswith(prefix) else generic
+
+    @property
+    def owner_class(self) -> str:
+        """The config class whose `base_model_tp_plan` a fix edits (`Qwen3VLMoeTextConfig`)."""
+        return type(self.owner_config).__name__
+
+    @property
+    def active_override(self) -> dict[str, str] | None:
+        """The `base_model_tp_plan` in force when it is not the one transformers ships (a `--plan`, a candidate)."""
+        return dict(self._active) if self._active is not None else self.build_override
+
+    @property
+    def base_plan(self) -> dict[str, str]:
+        """The `base_model_tp_plan` in force (relative keys)."""
+        return dict(self._active) if self._active is not None else dict(self.original_plan)
+
+    def use_plan(self, plan: dict[str, str] | None) -> None:
+        """Make `plan` (relative keys; `None` = the plan it was built with) the model's `base_model_tp_plan` and
+        merge the plans again with transformers' own `init_parallel_plans` (no module is rebuilt). For a model object
+        built with its own merged plans, `None` puts those back.
+
+        Raises:
+            PlanError: a style transformers does not register, or a malformed key.
+        """
+        if plan == self._active:
+            return
+        tf = backend()
+        if plan is None:
+            tf.replan(self.model, self.owner_config, self.original_plan, self.quantizer)
+            if self.instance_plans is not None:
+                tf.set_merged_plans(self.model, *self.instance_plans)
+        else:
+            validate_plan(plan)
+            tf.replan(self.model, self.owner_config, dict(plan), self.quantizer)
+        self._active = dict(plan) if plan is not None else None
 
 
 def load_plan_file(path: str) -> dict[str, str]:
@@ -65,7 +167,7 @@ def load_plan_file(path: str) -> dict[str, str]:
             plan = json.load(f)
     except OSError as e:
         raise PlanError(f"cannot read --plan {path}: {e.strerror or e}. Check the path", path=path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
         raise PlanError(f"--plan {path} is not valid JSON: {e}. Write a JSON object of rule -> style", path=path) \
             from None
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
@@ -75,22 +177,24 @@ def load_plan_file(path: str) -> dict[str, str]:
     return plan
 
 
-def validate_plan(plan: dict[str, str], origin: str = "plan") -> None:
-    """Raise `PlanError` for a style name the installed transformers does not register, or an empty rule key."""
-    from ._compat import style_names
-
-    known = set(style_names())
+def validate_plan(plan, origin: str = "plan") -> None:
+    """Raise `PlanError` for a plan that is not a dict of str -> str, a malformed rule key, or a style the installed
+    transformers does not register."""
+    if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+        raise PlanError(f"{origin} must be a dict of rule -> style strings, e.g. "
+                        '{"layers.*.self_attn.q_proj": "colwise"}')
+    known = set(backend().style_names())
     for key, style in plan.items():
-        if not key or key != key.strip() or key.startswith(".") or key.endswith("."):
-            raise PlanError(f"{origin}: rule key {key!r} is not a module or parameter path such as "
+        if not key or key != key.strip() or key.startswith(".") or key.endswith(".") or ".." in key:
+            raise PlanError(f"{origin}: rule key {key[:80]!r} is not a module or parameter path such as "
                             "'layers.*.self_attn.q_proj'")
         if style not in known:
             import difflib
 
             close = difflib.get_close_matches(style, sorted(known), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise PlanError(f"{origin}: rule '{key}' has style '{style}', which transformers does not register.{hint} "
-                            f"Known styles: {', '.join(sorted(known))}")
+            raise PlanError(f"{origin}: rule '{key[:80]}' has style '{style[:40]}', which transformers does not "
+                            f"register.{hint} Known styles: {', '.join(sorted(known))}")
 
 
 def _config_dir(source: ModelSource, stack) -> str:
@@ -106,138 +210,158 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     """`AutoConfig.from_pretrained` on the source's `config.json`.
 
     Raises:
-        ConfigError: transformers cannot build a config from it (unknown `model_type`, remote code needed, bad value).
+        ConfigError: transformers cannot build a config from it (no or unknown `model_type`, remote code needed, a
+            value its validators refuse).
     """
-    import contextlib
+    from .compat import installed_version
 
-    from transformers import AutoConfig
-
+    where = source.config_path or source.ref
     model_type = source.config.get("model_type")
     if not model_type and "auto_map" not in source.config:
-        raise ConfigError(f"{source.config_path or source.ref} has no model_type. A transformers config.json names "
-                          "its model_type; re-save it with save_pretrained", path=source.config_path)
+        raise ConfigError(f"{where} has no model_type. A transformers config.json names its model_type; re-save it "
+                          "with save_pretrained", path=source.config_path)
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"{where}: model_type is {str(model_type)[:40]}, not a string. Fix the config",
+                          path=source.config_path)
     with contextlib.ExitStack() as stack:
         directory = _config_dir(source, stack)
         try:
-            return AutoConfig.from_pretrained(directory, trust_remote_code=trust_remote_code)
-        except ValueError as e:
-            text = str(e)
-            if "trust_remote_code" in text or "auto_map" in source.config and not trust_remote_code:
+            return backend().load_config(directory, trust_remote_code=trust_remote_code,
+                                         has_auto_map="auto_map" in source.config)
+        except ConfigReadError as e:
+            if e.kind == "remote_code":
                 raise ConfigError(
                     f"model type {model_type!r} needs the repo's own code, which tpaudit never runs unless asked. "
                     "Pass --trust-remote-code if you trust the repo", path=source.config_path) from None
-            if "Unrecognized" in text or "model_type" in text or "does not recognize" in text:
-                from ._compat import installed_version
-
+            if e.kind == "unknown_model_type":
                 raise ConfigError(
                     f"transformers {installed_version('transformers')} does not know model type {model_type!r}. "
                     "Upgrade transformers, or pass --trust-remote-code if the repo ships its modeling code",
                     path=source.config_path) from None
-            raise ConfigError(f"transformers cannot read {source.config_path or source.ref}: {_one_line(text)}. Fix "
-                              "the config", path=source.config_path) from None
-        except Exception as e:  # noqa: BLE001 - transformers' validators (and remote code) raise many kinds
             origin = "the repo's own configuration code" if trust_remote_code and "auto_map" in source.config \
                 else "transformers"
-            raise ConfigError(f"{origin} cannot read {source.config_path or source.ref}: "
-                              f"{type(e).__name__}: {_one_line(str(e))}. Fix the config",
+            raise ConfigError(f"{origin} cannot read {where}: {e.detail}. Fix the config",
                               path=source.config_path) from None
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    """A multi-line library message (a validator's field name on one line, the reason on the next) as one line."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+def model_class(config, architecture: str | None = None, trust_remote_code: bool = False):
+    """The model class `from_pretrained` would build: `architecture`, else `config.architectures[0]`, else (only
+    when the config names none) the model type's causal-LM / image-text-to-text / base class, said in a note.
 
+    Returns:
+        `(cls, note or None)`.
 
-def _first_line(text: str, limit: int = 240) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _plan_owner(config) -> tuple[Any, str]:
-    """The config that owns the base model's plan and its attribute path: the (decoder) text config of a composite
-    model, else the config itself. Source: transformers 5.23 `PretrainedConfig.get_text_config(decoder=True)`."""
-    try:
-        text = config.get_text_config(decoder=True)
-    except ValueError:
-        text = config
-    if text is config:
-        return config, ""
-    for name in getattr(config, "sub_configs", {}) or {}:
-        if getattr(config, name, None) is text:
-            return text, name
-    return text, "text_config"
-
-
-def _model_class(config, architecture: str | None, trust_remote_code: bool):
-    import transformers
-
-    from transformers import PreTrainedModel
-
-    if architecture is not None and not architecture.strip():
+    Raises:
+        ConfigError: an empty or unknown class name, `architectures` that is not a list of class names, or no model
+            class for the model type.
+    """
+    if architecture is not None and (not isinstance(architecture, str) or not architecture.strip()):
         raise ConfigError("--architecture is empty. Pass a model class name such as LlamaForCausalLM")
     archs = getattr(config, "architectures", None)
-    name = architecture or (archs[0] if isinstance(archs, (list, tuple)) and archs else None)
-    if name is not None and not isinstance(name, str):
-        raise ConfigError(f"config.json's architectures[0] is {name!r}, not a class name. Fix the config or pass "
-                          "--architecture")
-    if name and hasattr(transformers, name):
-        cls = getattr(transformers, name)
-        if not (isinstance(cls, type) and issubclass(cls, PreTrainedModel)):
-            raise ConfigError(f"{name} is not a transformers model class (it is a {type(cls).__name__}). Pass a "
-                              "class such as Qwen3VLMoeForConditionalGeneration to --architecture")
-        return cls
-    auto_map = getattr(config, "auto_map", None) or {}
-    if name and trust_remote_code and auto_map:
-        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+    if architecture is None and archs is not None:
+        if not isinstance(archs, (list, tuple)):
+            raise ConfigError(f"config.json's architectures is {str(archs)[:60]!r}, not a list of class names such as "
+                              '["LlamaForCausalLM"]. Fix the config or pass --architecture')
+        if archs and not isinstance(archs[0], str):
+            raise ConfigError(f"config.json's architectures[0] is {str(archs[0])[:40]}, not a class name. Fix the "
+                              "config or pass --architecture")
+    tf = backend()
+    try:
+        cls, how = tf.model_class(config, architecture, trust_remote_code=trust_remote_code)
+    except ConfigReadError as e:
+        defaults = ", ".join(tf.model_class_names(config.model_type, type(config))[:3]) or "none"
+        if e.kind == "not_a_model_class":
+            raise ConfigError(f"{e.detail}, not a transformers model class. Pass a class such as "
+                              f"{defaults.split(', ')[0]} to --architecture") from None
+        if e.kind == "unknown_architecture":
+            flag = "--architecture" if architecture else "config.json's architectures[0]"
+            raise ConfigError(f"{flag} {e.detail} is not a model class of the installed transformers "
+                              f"(model type {config.model_type!r} has: {defaults}). Pass --architecture with one of "
+                              "them, or --trust-remote-code if the repo ships its modeling code") from None
+        if e.kind == "invalid_architecture":
+            raise ConfigError(f"config.json's {e.detail}. Fix the config or pass --architecture") from None
+        raise ConfigError(f"no transformers model class for model type {config.model_type!r}. Pass --architecture "
+                          "CLASS") from None
+    note = None
+    if how == "model type default":
+        note = (f"model class: config.json names no architectures, so {cls.__name__} (the model type's default "
+                "class) was built; pass --architecture to choose another")
+    return cls, note
 
-        for ref in auto_map.values():
-            if isinstance(ref, str) and ref.endswith("." + name):
-                return get_class_from_dynamic_module(ref, config._name_or_path)
-    if architecture:
-        raise ConfigError(f"--architecture {architecture} is not a transformers model class. Pass a class name such "
-                          "as Qwen3VLMoeForConditionalGeneration")
-    from transformers.models.auto import modeling_auto as auto
 
-    for mapping in (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-                    auto.MODEL_MAPPING_NAMES):
-        cls_name = mapping.get(config.model_type)
-        if cls_name and hasattr(transformers, cls_name):
-            return getattr(transformers, cls_name)
-    raise ConfigError(f"no transformers model class for model type {config.model_type!r} "
-                      f"(architectures: {config.architectures}). Pass --architecture CLASS")
+# Config attributes that must be positive integers when a config sets them (heads, sizes), and counts that must not
+# be negative. A value transformers' own validators accept but no model can have (hidden_size 0) would otherwise
+# build a model of empty tensors and pass.
+_POSITIVE = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
+             "head_dim", "moe_intermediate_size", "num_hidden_layers")
+_NON_NEGATIVE = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+                 "shared_expert_intermediate_size", "first_k_dense_replace", "num_global_key_value_heads",
+                 "linear_num_key_heads", "linear_num_value_heads")
+
+
+def _check_plausible(config, owner, owner_path: str, where: str, path: str | None) -> None:
+    """Refuse values no model has before building every layer on the meta device.
+
+    Raises:
+        ConfigError: a non-positive size or head count, a negative count, KV heads that exceed the attention heads,
+            or a depth above `MAX_LAYERS`, naming the attribute (dotted from the top-level config).
+    """
+    tf = backend()
+    configs = [("", config)] + ([(owner_path, owner)] if owner is not config else [])
+    for prefix, cfg in configs:
+        def name(attr: str) -> str:
+            return f"{prefix}.{attr}" if prefix else attr
+
+        for attr in _POSITIVE + _NON_NEGATIVE:
+            value = tf.config_value(cfg, attr)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                if attr in _POSITIVE:
+                    raise ConfigError(f"{where}: {name(attr)} = {str(value)[:40]} is not an integer. Fix the config",
+                                      path=path)
+                continue
+            if attr in _POSITIVE and value <= 0 and not (attr == "num_hidden_layers" and value == 0):
+                raise ConfigError(f"{where}: {name(attr)} = {value} must be a positive integer. Fix the config",
+                                  path=path)
+            if value < 0:
+                raise ConfigError(f"{where}: {name(attr)} = {value} must not be negative. Fix the config", path=path)
+        layers = tf.config_value(cfg, "num_hidden_layers")
+        if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
+            raise ConfigError(f"{where}: num_hidden_layers = {layers} is not a plausible depth (0 to {MAX_LAYERS}): "
+                              "tpaudit builds every layer on the meta device. Fix the config", path=path)
+        heads, kv = tf.config_value(cfg, "num_attention_heads"), tf.config_value(cfg, "num_key_value_heads")
+        if isinstance(heads, int) and isinstance(kv, int) and kv > heads:
+            raise ConfigError(f"{where}: {name('num_key_value_heads')} = {kv} exceeds {name('num_attention_heads')} "
+                              f"= {heads}: each KV head serves a group of attention heads. Fix the config", path=path)
 
 
 def _resolve_dtype(config, source: ModelSource, notes: list[str], override: str | None = None):
     """`dtype="auto"` as `modeling_utils._get_dtype` resolves it, or `override` (`from_pretrained(dtype=...)`)."""
     import torch
 
-    from ._compat import str_to_torch_dtype
-
+    tf = backend()
     if override is not None:
         value = getattr(torch, override, None) if isinstance(override, str) and override else None
         if not isinstance(value, torch.dtype) or not value.is_floating_point or "float8" in override:
-            from .errors import UsageError
-
-            raise UsageError(f"--dtype {override} is not a dtype from_pretrained can build a model in. Pass "
-                             "bfloat16, float16 or float32")
+            raise UsageError(f"dtype {override!r} (--dtype {override}) is not a dtype from_pretrained can build a model "
+                             "in. Pass bfloat16, float16 or float32")
         return value
-
     dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
-    if dtype is not None:
+    if isinstance(dtype, torch.dtype):
         return dtype
     if source.tensors:
         for t in source.tensors:  # `get_state_dict_dtype`: the first floating dtype, float8 excluded
-            d = str_to_torch_dtype(t.dtype)
+            d = tf.torch_dtype(t.dtype)
             if d.is_floating_point and "float8" not in str(d) and "float4" not in str(d):
                 return d
-        return str_to_torch_dtype(source.tensors[0].dtype)
+        return tf.torch_dtype(source.tensors[0].dtype)
     text = getattr(config.get_text_config(decoder=True), "dtype", None) if hasattr(config, "get_text_config") else None
     if isinstance(text, str):
         text = getattr(torch, text, None)
-    if text is not None:
+    if isinstance(text, torch.dtype):
         notes.append(f"dtype: config.json sets no top-level dtype and there is no checkpoint; using the text "
                      f"config's {str(text).removeprefix('torch.')}")
         return text
@@ -246,200 +370,120 @@ def _resolve_dtype(config, source: ModelSource, notes: list[str], override: str 
     return torch.bfloat16
 
 
-def _make_quantizer(config, notes: list[str]) -> tuple[Any, dict | None]:
-    qc = getattr(config, "quantization_config", None)
-    if qc is None and hasattr(config, "get_text_config"):
-        qc = getattr(config.get_text_config(decoder=True), "quantization_config", None)
-    if qc is None:
-        return None, None
-    from transformers.quantizers.auto import AutoHfQuantizer
-
-    qc_dict = qc if isinstance(qc, dict) else qc.to_dict()
-    method = str(qc_dict.get("quant_method"))
-    info = {"method": method, "quantizer": None, "ran": False, "dequantize": False, "reason": None}
-    try:
-        if not AutoHfQuantizer.supports_quant_method(qc_dict):
-            info["reason"] = f"transformers does not know quant_method {method!r}"
-            return None, info
-        quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
-    except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header
-        info["reason"] = f"{type(e).__name__}: {_first_line(str(e), 160)}"
-        return None, info
-    info["quantizer"] = type(quantizer).__name__
-    return quantizer, info
-
-
-def build_model(source: ModelSource, *, plan_override: dict[str, str] | None = None,
-                architecture: str | None = None, trust_remote_code: bool = False,
-                dtype: str | None = None, config=None, instance_plans: dict | None = None) -> BuiltModel:
+def build_model(source: ModelSource, options: BuildOptions | None = None) -> BuiltModel:
     """Build `source`'s model on the meta device as `from_pretrained` does, and map its checkpoint onto it.
 
     Args:
         source (`ModelSource`): config and (optionally) checkpoint tensors.
-        plan_override (`dict[str, str]`, *optional*): rules that replace `base_model_tp_plan` of the config owning the
-            base model's plan; keys relative to that base model (`layers.*.self_attn.q_proj`).
-        architecture (`str`, *optional*): model class name; default `config.architectures[0]`.
-        trust_remote_code (`bool`, *optional*, defaults to `False`): allow the repo's own modeling code.
-        dtype (`str`, *optional*): the `dtype` passed to `from_pretrained` (`"bfloat16"`); default `"auto"`.
-        config (`PretrainedConfig`, *optional*): use this config object (a copy) instead of reading `source.config`.
-        instance_plans (`dict`, *optional*): `{"tp": {...}, "ep": {...}}`: the merged plans of a model object
-            (`model.tp_plan`, `model.ep_plan`), set on the built model in place of the ones it merged itself.
+        options (`BuildOptions`, *optional*): plan override, class, dtype, config object, instance plans.
 
     Returns:
         `BuiltModel`.
 
     Raises:
-        ConfigError: the config cannot be read or the model cannot be built from it.
-        PlanError: `plan_override` names an unknown style.
+        ConfigError: the config cannot be read, holds impossible values, or the model cannot be built from it.
+        PlanError: `options.plan_override` names an unknown style.
+        UsageError: `options.dtype` is not a float dtype.
+        UnsupportedVersionError: the installed transformers lacks what the seam calls.
     """
-    import torch
-    from transformers import PreTrainedModel
-    from transformers.utils.generic import ContextManagers
-
-    from ._compat import quiet_libraries
     from .mapping import map_checkpoint
 
+    options = options or BuildOptions()
+    tf = backend()
     notes: list[str] = list(source.notes)
-    if plan_override is not None:
-        validate_plan(plan_override)
-    with quiet_libraries():
-        if config is not None:
-            import copy
+    if options.plan_override is not None:
+        validate_plan(options.plan_override)
+    where = source.config_path or source.ref
+    config = copy.deepcopy(options.config) if options.config is not None else \
+        load_config(source, trust_remote_code=options.trust_remote_code)
+    owner, owner_path = tf.text_config(config)
+    _check_plausible(config, owner, owner_path, where, source.config_path)
+    original_plan = dict(options.plan_override) if options.plan_override is not None else tf.base_plan(owner)
+    if options.plan_override is not None:
+        owner.base_model_tp_plan = dict(options.plan_override)
+    cls, class_note = model_class(config, options.architecture, options.trust_remote_code)
+    if class_note:
+        notes.append(class_note)
+    quantizer, qinfo = tf.quantizer(config, gpu_view=options.gpu_view)
+    dtype = _resolve_dtype(config, source, notes, options.dtype)
+    if quantizer is not None:
+        dtype = tf.update_dtype(quantizer, dtype)
+    config.dtype = dtype
+    for sub in getattr(config, "sub_configs", {}) or {}:
+        if (sub_config := getattr(config, sub, None)) is not None:
+            sub_config.dtype = dtype
 
-            config = copy.deepcopy(config)
-        else:
-            config = load_config(source, trust_remote_code=trust_remote_code)
-        owner, owner_path = _plan_owner(config)
-        if plan_override is not None:
-            owner.base_model_tp_plan = dict(plan_override)
-        cls = _model_class(config, architecture, trust_remote_code)
-        quantizer, qinfo = _make_quantizer(config, notes)
-        dtype = _resolve_dtype(config, source, notes, dtype)
-        if quantizer is not None:
-            dtype = quantizer.update_dtype(dtype)
-        config.dtype = dtype
-        for sub in getattr(config, "sub_configs", {}) or {}:
-            if (sub_config := getattr(config, sub, None)) is not None:
-                sub_config.dtype = dtype
-
-        _check_plausible(config)
-        model = _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers)
-        if qinfo is not None and quantizer is not None and not qinfo["ran"]:
-            quantizer = None
-            model = _instantiate(cls, config, dtype, None, None, ContextManagers)
-        if qinfo is not None:
-            qinfo["dequantize"] = bool(quantizer is not None and getattr(quantizer.quantization_config,
-                                                                          "dequantize", False))
-            _quantization_notes(qinfo, source, notes)
-
-        if instance_plans:
-            model._tp_plan = dict(instance_plans.get("tp") or {})
-            model._ep_plan = dict(instance_plans.get("ep") or {})
-        _apply_dtype_plan(model, dtype, torch)
-        mapping = None
-        if source.tensors is not None:
-            mapping = map_checkpoint(model, source.tensors, quantizer)
-            _mapping_notes(mapping, notes)
-
-    text_prefix = _text_prefix(model, owner, PreTrainedModel)
-    return BuiltModel(model=model, config=config, architecture=cls.__name__,
-                      dtype=str(dtype).removeprefix("torch."), text_prefix=text_prefix, plan_owner=owner_path,
-                      quantization=qinfo, mapping=mapping, notes=notes)
-
-
-MAX_LAYERS = 4096
-
-
-def _check_plausible(config) -> None:
-    """Refuse depths no model has before building every layer on the meta device (which would take hours)."""
-    from .checks.registry import config_value
-
-    for cfg in {id(c): c for c in (config, getattr(config, "get_text_config", lambda **_: config)(decoder=True))
-                }.values():
-        layers = config_value(cfg, "num_hidden_layers")
-        if isinstance(layers, int) and not isinstance(layers, bool) and not 0 <= layers <= MAX_LAYERS:
-            raise ConfigError(f"num_hidden_layers = {layers} is not a plausible depth (0 to {MAX_LAYERS}): tpaudit "
-                              "builds every layer on the meta device. Fix the config")
+    model, quantizer_error = _instantiate(cls, config, dtype, quantizer)
+    if quantizer is not None and quantizer_error is not None:  # a quantizer that cannot run here: unquantized build
+        qinfo = QuantizationInfo(qinfo.method, qinfo.quantizer, ran=False, reason=quantizer_error)
+        quantizer = None
+        model, _ = _instantiate(cls, config, dtype, None)
+    elif quantizer is not None:
+        dequantize = tf.quantizer_dequantizes(quantizer)
+        qinfo = QuantizationInfo(qinfo.method, qinfo.quantizer, ran=True, dequantize=dequantize,
+                                 gpu_view=bool(getattr(quantizer, "_tpaudit_gpu_view", False)) and not dequantize)
+    if qinfo is not None:
+        notes.append(_quantization_note(qinfo, source))
+    if options.instance_plans:
+        tf.set_merged_plans(model, options.instance_plans.get("tp"), options.instance_plans.get("ep"))
+    with tf.quiet():
+        tf.apply_dtype_plan(model, dtype)
+    modules = tf.module_facts(model)
+    lm_head = tf.output_embedding_params(model)
+    mapping = None
+    if source.tensors is not None:
+        mapping = map_checkpoint(model, source.tensors, quantizer, quantized=qinfo is not None)
+        notes.extend(_mapping_notes(mapping))
+    built = BuiltModel(source=source, model=model, config=config, architecture=cls.__name__,
+                       dtype=str(dtype).removeprefix("torch."), text_prefix=tf.text_prefix(model, owner),
+                       plan_owner=owner_path, owner_config=owner, quantizer=quantizer, quantization=qinfo,
+                       mapping=mapping, modules=modules, lm_head_names=lm_head, original_plan=original_plan,
+                       build_override=dict(options.plan_override) if options.plan_override is not None else None,
+                       instance_plans=tf.merged_plans(model) if options.instance_plans else None, notes=notes)
+    return built
 
 
-def _instantiate(cls, config, dtype, quantizer, qinfo, ContextManagers):
-    """`cls(config)` under the loader's init contexts, then the quantizer's `preprocess_model` (its failure is
-    recorded in `qinfo`, not raised). `config` is tpaudit's own copy (from `load_config`, or deep-copied by
-    `build_model`), so building from it in place is what `from_pretrained` does with its copy."""
+def _instantiate(cls, config, dtype, quantizer):
     try:
-        with ContextManagers(cls.get_init_context(dtype, quantizer is not None, False, None)):
-            model = cls(config)
-            if quantizer is not None:
-                try:
-                    quantizer.preprocess_model(model=model, dtype=dtype, device_map=None, checkpoint_files=None,
-                                               use_kernels=False)
-                    qinfo["ran"] = True
-                except Exception as e:  # noqa: BLE001 - a quantizer that cannot run here: fall back, say so
-                    qinfo["reason"] = f"{type(e).__name__}: {_first_line(str(e), 160)}"
+        return backend().instantiate(cls, config, dtype, quantizer)
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - transformers raises many kinds on a bad config
-        raise ConfigError(f"transformers cannot build {cls.__name__} from this config: {type(e).__name__}: "
-                          f"{_first_line(str(e))}. Fix the config") from None
-    return model
+    except Exception as e:  # noqa: BLE001 - a model's __init__ raises many kinds on a bad config
+        first = " ".join(str(e).split())[:240]
+        raise ConfigError(f"transformers cannot build {cls.__name__} from this config: {type(e).__name__}: {first}. "
+                          "Fix the config") from None
 
 
-def _apply_dtype_plan(model, dtype, torch) -> None:
-    """Parameters the loader keeps in float32 (`_keep_in_fp32_modules(_strict)`, `PreTrainedModel._get_dtype_plan`,
-    matched as in `convert_and_load_state_dict_in_model`)."""
-    from transformers.core_model_loading import build_glob_alternation
-
-    dtype_plan = model._get_dtype_plan(dtype)
-    if not dtype_plan:
-        return
-    pattern, by_group, _ = build_glob_alternation(list(dtype_plan))
-    modules = dict(model.named_modules())
-    for name, param in list(model.named_parameters()):
-        match = pattern.search(name)
-        if match is None or not param.is_floating_point():
-            continue
-        target = dtype_plan[by_group[match.lastgroup]]
-        if param.dtype != target:
-            module_name, _, leaf = name.rpartition(".")
-            modules[module_name]._parameters[leaf] = torch.nn.Parameter(
-                torch.empty(param.shape, dtype=target, device="meta"), requires_grad=param.requires_grad)
+def _quantization_note(qinfo: QuantizationInfo, source: ModelSource) -> str:
+    method = qinfo.method
+    if qinfo.ran and qinfo.dequantize:
+        return (f"quantization: the {method} quantizer chose to dequantize, so the model's quantized weights count "
+                "in the dequantized dtype")
+    if qinfo.ran and qinfo.gpu_view:
+        return (f"quantization: {method}, sized as the target GPUs hold it (transformers' {qinfo.quantizer} would "
+                "dequantize on this CPU host; tpaudit lays the model out as on a GPU)")
+    if qinfo.ran:
+        return (f"quantization: {method}, modules replaced by transformers' {qinfo.quantizer} on the meta device (its "
+                "plan extensions included)")
+    where = ("taken from the checkpoint header: each follows its module's rule"
+             if not source.config_only else "NOT modelled: weights count unquantized, so bytes are overstated")
+    return (f"quantization: {method} quantizer could not run here ({qinfo.reason}); quantized tensors {where} "
+            "(tpaudit's fallback, not the loader's code)")
 
 
-def _text_prefix(model, owner, PreTrainedModel) -> str:
-    """Module path of the base model whose config owns the plan (`model.language_model` in a VLM)."""
-    candidates = [(name, m) for name, m in model.named_modules()
-                  if isinstance(m, PreTrainedModel) and getattr(m, "base_model", None) is m]
-    for match in (lambda c: c is owner, lambda c: type(c) is type(owner),
-                  lambda c: bool(getattr(c, "base_model_tp_plan", None))):
-        for name, m in candidates:
-            if match(m.config):
-                return name
-    return candidates[-1][0] if candidates else ""
-
-
-def _quantization_notes(qinfo: dict, source: ModelSource, notes: list[str]) -> None:
-    method = qinfo["method"]
-    if qinfo["ran"] and qinfo["dequantize"]:
-        notes.append(f"quantization: the {method} quantizer chose to dequantize on this host, so the model's "
-                     "quantized weights count in the dequantized dtype; on the target GPUs they may be smaller")
-    elif qinfo["ran"]:
-        notes.append(f"quantization: {method}, modules replaced by transformers' {qinfo['quantizer']} on the meta "
-                     "device (its plan extensions included)")
-    else:
-        where = ("taken from the checkpoint header: each follows its module's rule"
-                 if not source.config_only else "NOT modelled: weights count unquantized, so bytes are overstated")
-        notes.append(f"quantization: {method} quantizer could not run here ({qinfo['reason']}); quantized tensors "
-                     f"{where} (tpaudit's fallback, not the loader's code)")
-
-
-def _mapping_notes(mapping: CheckpointMapping, notes: list[str]) -> None:
+def _mapping_notes(mapping: CheckpointMapping) -> list[str]:
+    notes = []
     if mapping.companions:
-        notes.append(f"checkpoint: {len(mapping.companions)} tensors the meta model lacks were added to their modules "
-                     f"(e.g. {next(iter(mapping.companions))}); {len(mapping.superseded)} model parameters they "
-                     "replace were dropped")
+        notes.append(f"checkpoint: {len(mapping.companions)} quantization tensors the meta model lacks were added to "
+                     f"their modules (e.g. {next(iter(mapping.companions))}); {len(mapping.superseded)} model "
+                     "parameters they replace were dropped")
     for (stored, runtime), count in sorted(mapping.casts.items()):
         notes.append(f"checkpoint: {count} tensors stored as {stored} are cast to {runtime} on load; bytes count "
                      f"{runtime}")
     if mapping.missing:
         notes.append(f"checkpoint: {len(mapping.missing)} model parameters have no checkpoint tensor and would be "
                      f"initialised by the loader (e.g. {mapping.missing[0]})")
+    if mapping.outside_parameters_bytes:
+        notes.append(f"checkpoint: {mapping.outside_parameters_bytes:,} B of quantization scales load into state "
+                     "that is not a parameter (e.g. MXFP4 block scales); they are not in the per-rank parameter bytes")
+    return notes

@@ -88,7 +88,7 @@ class PlanError(InputError):
 
 
 class UnsupportedVersionError(InputError):
-    """The installed transformers or torch is outside the range tpaudit was tested against."""
+    """The installed transformers or torch lacks a function tpaudit's seam calls (or is not installed)."""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -152,3 +152,36 @@ class ReplicatedWeightsError(TpauditError, RuntimeError):
         self.report = report
         self.findings = list(findings)
         self.plan_snippet = plan_snippet
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# How a failure reads: one `error:` line (+ an optional `hint:` line), and the exit code
+# ----------------------------------------------------------------------------------------------------------------------
+def format_error(error: BaseException, *, debug: bool = False) -> tuple[list[str], int]:
+    """The lines a user sees for `error` on stderr and the exit code it maps to.
+
+    A `TpauditError` is its message (and hint); `KeyboardInterrupt` is exit 130; a full disk or closed stdout is an
+    input/output error (exit 2); anything else is an internal error (exit 4) whose line says to rerun with
+    `TPAUDIT_DEBUG=1`. Messages are folded onto one line each.
+    """
+    import errno
+
+    def one(line: str) -> str:
+        return " ".join(str(line).split())
+
+    if isinstance(error, TpauditError):
+        lines = [one(f"error: {error}")]
+        if error.hint:
+            lines.append(one(f"hint: {error.hint}"))
+        return lines, int(error.exit_code)
+    if isinstance(error, KeyboardInterrupt):
+        return ["error: interrupted"], int(ExitCode.INTERRUPTED)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EROFS):
+        return [one(f"error: cannot write the output: {error.strerror or error}. Free space or pass -o FILE on "
+                    "another device")], int(ExitCode.INPUT)
+    if isinstance(error, MemoryError):
+        return ["error: tpaudit ran out of memory on this input. Check the input's sizes; report it if they are "
+                "plausible"], int(ExitCode.INPUT)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return [one(f"error: internal error: {type(error).__name__}: {first[:300]}. This is a tpaudit bug: rerun with "
+                "TPAUDIT_DEBUG=1 and report the traceback")], int(ExitCode.INTERNAL)

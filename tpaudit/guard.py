@@ -1,11 +1,11 @@
 """`tpaudit.strict_tp()`: fail `from_pretrained(..., distributed_config=...)` before silent replication happens.
 
 transformers 5.23 has no public hook between building the model on the meta device and reading weights, so the
-guard wraps `DistributedMixin.maybe_distribute_model`, the step `from_pretrained` calls right there (after the
-quantizer's module replacement, before `_load_pretrained_model`). The wrapper runs tpaudit's analysis on that model
-and raises `ReplicatedWeightsError` when error-severity findings remain; only then does the original method run.
-Because it wraps a private method, the supported transformers range is checked on entry
-(`UnsupportedVersionError` outside it).
+guard asks the seam (`compat.backend().install_distribute_hook`) to wrap the step `from_pretrained` calls right there
+(`DistributedMixin.maybe_distribute_model`: after the quantizer's module replacement, before
+`_load_pretrained_model`). The wrapper runs tpaudit's analysis on that model and raises `ReplicatedWeightsError` when
+error-severity findings remain; only then does the original method run. The seam's capability probes run on entry
+(`UnsupportedVersionError` when the installed transformers lacks what the guard wraps).
 
 Under torchrun the process already belongs to the real process group, and tpaudit's simulation needs a process
 group of its own, so the analysis runs in a short-lived subprocess (`python -m tpaudit._guard_worker`) that rebuilds
@@ -30,7 +30,7 @@ _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
                  "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_VISIBLE_DEVICES")
 _lock = threading.Lock()
 _depth = 0
-_original = None
+_token = None
 _active: list["strict_tp"] = []
 
 
@@ -72,7 +72,7 @@ class strict_tp(contextlib.ContextDecorator):
     Raises:
         ReplicatedWeightsError: from inside `from_pretrained`, with `.findings`, `.report` (the JSON contract
             `Report.to_json()`, with a `suggestion` section) and `.plan_snippet`.
-        UnsupportedVersionError: on entry, when transformers is outside the tested range.
+        UnsupportedVersionError: on entry, when the installed transformers lacks what the guard wraps.
 
     Example:
         ```py
@@ -82,7 +82,8 @@ class strict_tp(contextlib.ContextDecorator):
         >>> with tpaudit.strict_tp():
         ...     model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen1.5-MoE-A2.7B",
         ...                                                  distributed_config=DistributedConfig(tp_size=4))
-        tpaudit.errors.ReplicatedWeightsError: 3 weight families would be replicated on every rank ...
+        tpaudit.errors.ReplicatedWeightsError: 3 error finding(s) for Qwen2MoeForCausalLM at tp_size 4, ep_size 1;
+        nothing was loaded: ...
         ```
     """
 
@@ -93,29 +94,26 @@ class strict_tp(contextlib.ContextDecorator):
         self.codes = set(codes) if codes is not None else None
 
     def __enter__(self) -> "strict_tp":
-        global _depth, _original
-        from ._compat import check_versions
+        global _depth, _token
+        from .compat import backend
 
-        check_versions()
-        from transformers.distributed.mixin import DistributedMixin
-
+        tf = backend()
         with _lock:
             if _depth == 0:
-                _original = DistributedMixin.__dict__["maybe_distribute_model"]
-                DistributedMixin.maybe_distribute_model = classmethod(_guarded)
+                _token = tf.install_distribute_hook(_guarded)
             _depth += 1
             _active.append(self)
         return self
 
     def __exit__(self, *exc) -> bool:
         global _depth
-        from transformers.distributed.mixin import DistributedMixin
+        from .compat import backend
 
         with _lock:
             _active.remove(self)
             _depth -= 1
             if _depth == 0:
-                DistributedMixin.maybe_distribute_model = _original
+                backend().remove_distribute_hook(_token)
         return False
 
     def blocking(self, report: dict) -> list[dict]:
@@ -137,26 +135,29 @@ class strict_tp(contextlib.ContextDecorator):
         return out
 
 
-def _guarded(cls, model, distributed_config, mesh_manager):
-    if mesh_manager is not None and distributed_config is not None and \
-            (distributed_config.tp_size > 1 or distributed_config.ep_size > 1):
-        _check_before_load(model, distributed_config)
-    return _original.__func__(cls, model, distributed_config, mesh_manager)
+def _guarded(original, cls, model, distributed_config, mesh_manager):
+    if mesh_manager is not None and distributed_config is not None:
+        from .compat import backend
+
+        tp_size, ep_size = backend().sizes_of(distributed_config)
+        if tp_size > 1 or ep_size > 1:
+            _check_before_load(model, distributed_config, tp_size, ep_size)
+    return original(cls, model, distributed_config, mesh_manager)
 
 
-def _check_before_load(model, distributed_config) -> None:
-    from .api import model_payload
+def _check_before_load(model, distributed_config, tp_size: int, ep_size: int) -> None:
+    from .compat import backend
 
     guard = _active[-1]
-    payload = model_payload(model, distributed_config)
-    report = analyse_in_subprocess(payload, distributed_config.tp_size, distributed_config.ep_size)
+    payload = backend().model_payload(model, distributed_config)
+    report = analyse_in_subprocess(payload, tp_size, ep_size)
     problems = guard.blocking(report)
     if not problems:
         return
     suggestion = report.get("suggestion") or {}
     snippet = suggestion.get("snippet")
-    lines = [f"{len(problems)} error finding(s) for {type(model).__name__} at tp_size {distributed_config.tp_size}, "
-             f"ep_size {distributed_config.ep_size}; nothing was loaded:"]
+    lines = [f"{len(problems)} error finding(s) for {type(model).__name__} at tp_size {tp_size}, "
+             f"ep_size {ep_size}; nothing was loaded:"]
     for f in problems[:12]:
         per_rank = (f.get("facts") or {}).get("bytes_per_rank")
         lines.append(f"  {f['code']} {f['target']}" + (f" ({per_rank:,} B on every rank)" if per_rank else ""))

@@ -1,13 +1,17 @@
 """The KV cache a rank holds per token, layer by layer, as transformers' caches lay it out.
 
-Per layer, from the text config: `configuration_utils.get_head_shapes` (KV heads and head_dim per layer, the shapes
-`generate()` sizes its static cache with), `layer_types` (`full_attention`, `sliding_attention`,
-`chunked_attention`, `linear_attention`/`mamba` whose state does not grow with tokens) and the MLA sizes of
-DeepSeek-style attention, whose transformers cache stores every head's expanded key (`qk_nope_head_dim +
+    BuiltModel + ResolvedPlan + ShardMap -> KVLayer geometry, per-rank KV heads -> KVCacheSection
+
+Per layer, from the text config: `configuration_utils.get_head_shapes` (KV heads and head_dim per layer, per-layer
+overrides included: the shapes `generate()` sizes its static cache with), `layer_types` (`full_attention`,
+`sliding_attention`, `chunked_attention`, `linear_attention`/`mamba` whose state does not grow with tokens) and the MLA
+sizes of DeepSeek-style attention, whose transformers cache stores every head's expanded key (`qk_nope_head_dim +
 qk_rope_head_dim`) and value (`v_head_dim`).
 
-Per rank, from the shard map: the rows of the layer's key (and value) projection that the rank holds; a layer whose
-projections are not sharded keeps all its heads on every rank.
+Per rank, with transformers' semantics (`distributed.tensor_parallel.get_kv_heads_per_rank`): a layer whose key
+projection is split on its output (`colwise`, `packed_colwise`) holds the rows of its shard, so `kv_heads x local
+rows / rows` heads; a key projection whose output is gathered (`colwise_gather_output`) or not sharded keeps every head
+on every rank.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .compat import backend
+from .compat.logic import style_axis, style_gathers_output
+from .model import KVCacheSection
+
 _NO_CACHE_TYPES = {"linear_attention", "mamba", "conv", "recurrent", "rwkv"}
 _WINDOW_TYPES = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+# Modules whose output carries a layer's keys, by where the attention modules of transformers put them.
 K_LEAVES = ("k_proj", "key", "wk")
 V_LEAVES = ("v_proj", "value", "wv")
-MLA_KV_LEAVES = ("kv_b_proj",)
-FUSED_QKV_LEAVES = ("qkv_proj", "query_key_value", "c_attn", "Wqkv")
+KV_LEAVES = ("kv_b_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv")
 
 
 @dataclass(frozen=True)
@@ -50,18 +58,26 @@ class KVLayer:
         return self.kv_heads * (self.key_dim + self.value_dim) * itemsize
 
 
+def has_attention_geometry(text_config) -> bool:
+    """Whether the config describes decoder attention heads (encoders-only or state-space configs may not)."""
+    get = backend().config_value
+    return isinstance(get(text_config, "num_attention_heads"), int) and isinstance(
+        get(text_config, "num_hidden_layers"), int) and (
+        isinstance(get(text_config, "hidden_size"), int) or isinstance(get(text_config, "head_dim"), int))
+
+
 def kv_layers(text_config) -> list[KVLayer]:
-    """The cache geometry of every decoder layer of `text_config`.
+    """The cache geometry of every decoder layer of `text_config` (empty when it describes no attention heads).
 
     Source: transformers 5.23 `configuration_utils.get_head_shapes` and the config's `layer_types`.
     """
-    from transformers.configuration_utils import get_head_shapes
-
-    from .checks.registry import config_value as get
-
+    tf = backend()
+    get = tf.config_value
+    if not has_attention_geometry(text_config):
+        return []
     n_layers = int(get(text_config, "num_hidden_layers") or 0)
     layer_types = list(get(text_config, "layer_types") or ["full_attention"] * n_layers)
-    heads, dims = get_head_shapes(text_config)
+    heads, dims = tf.head_shapes(text_config)
     heads = heads if isinstance(heads, list) else [heads] * n_layers
     dims = dims if isinstance(dims, list) else [dims] * n_layers
     mla = get(text_config, "kv_lora_rank") and get(text_config, "v_head_dim")
@@ -83,6 +99,59 @@ def kv_layers(text_config) -> list[KVLayer]:
     return out
 
 
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class KeyProjection:
+    """The module that produces one layer's keys, and what a rank keeps of its output.
+
+    Attributes:
+        layer (`int`): layer number.
+        name (`str`): generic name of its weight.
+        style (`str`, *optional*): the style splitting it.
+        rows (`int`): output rows of the whole weight.
+        local_rows (`tuple[int, ...]`): rows each rank holds.
+        gathered (`bool`): the style gathers the output back to whole (every rank computes with every head).
+    """
+
+    layer: int
+    name: str
+    style: str | None
+    rows: int
+    local_rows: tuple[int, ...]
+    gathered: bool
+
+    def share(self, rank: int) -> float:
+        """The fraction of the layer's KV heads rank `rank` holds."""
+        if self.gathered or not self.rows or style_axis(self.style) != "out":
+            return 1.0
+        return self.local_rows[rank] / self.rows
+
+
+def key_projections(shard_map, text_prefix: str) -> dict[int, KeyProjection]:
+    """Layer -> the projection whose output holds its keys (`k_proj`, or a fused `qkv_proj`/`query_key_value`/
+    `kv_b_proj`), with its style and per-rank rows."""
+    out: dict[int, KeyProjection] = {}
+    prefix = text_prefix + "." if text_prefix else ""
+    for p in shard_map.params:
+        if not p.name.startswith(prefix) or not p.name.endswith(".weight") or p.ndim < 2:
+            continue
+        m = _LAYER.search(p.name[len(prefix) - 1:] if prefix else "." + p.name)
+        if not m:
+            continue
+        leaf = p.name.rsplit(".", 2)[-2]
+        if leaf not in K_LEAVES and leaf not in KV_LEAVES:
+            continue
+        layer = int(m.group(1))
+        if layer in out and leaf not in K_LEAVES:
+            continue  # a separate k_proj wins over a fused name in the same layer
+        dim = p.shard_dim if p.shard_dim is not None else p.ndim - 2
+        out[layer] = KeyProjection(layer, p.generic_name, p.style, p.global_shape[dim],
+                                   tuple(s[dim] for s in p.local_shapes), style_gathers_output(p.style))
+    return out
+
+
 @dataclass(frozen=True)
 class RankKV:
     """What one rank caches per token.
@@ -100,34 +169,11 @@ class RankKV:
     bytes_per_token: int
     full_bytes_per_token: int
     window_bytes_per_token: int
-    by_window: dict[int, int] = None  # window (tokens) -> bytes per token of the layers with that window
-
-
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
-
-
-def _local_rows(shard_map, text_prefix: str) -> dict[tuple[int, str], tuple[int, tuple[int, ...]]]:
-    """(layer, role) -> (global rows, per-rank rows) of each layer's key/value projection weight."""
-    out = {}
-    prefix = text_prefix + "." if text_prefix else ""
-    for p in shard_map.params:
-        if not p.name.startswith(prefix) or not p.name.endswith(".weight") or p.ndim < 2:
-            continue
-        m = _LAYER.search(p.name[len(prefix) - 1:] if prefix else "." + p.name)
-        if not m:
-            continue
-        leaf = p.name.rsplit(".", 2)[-2]
-        role = "k" if leaf in K_LEAVES else "v" if leaf in V_LEAVES else "kv" if leaf in MLA_KV_LEAVES + \
-            FUSED_QKV_LEAVES else None
-        if role is None:
-            continue
-        dim = p.shard_dim if p.shard_dim is not None else p.ndim - 2
-        out[(int(m.group(1)), role)] = (p.global_shape[dim], tuple(s[dim] for s in p.local_shapes))
-    return out
+    by_window: dict[int, int]
 
 
 def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -> list[RankKV]:
-    """Per-token cache of every rank, following each layer's key/value projection shards.
+    """Per-token cache of every rank, following each layer's key projection (see `KeyProjection.share`).
 
     Args:
         layers (`list[KVLayer]`): from `kv_layers`.
@@ -138,20 +184,14 @@ def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -
     Returns:
         One `RankKV` per rank.
     """
-    rows = _local_rows(shard_map, text_prefix)
-    world = shard_map.world_size
+    keys = key_projections(shard_map, text_prefix)
     out = []
-    for r in range(world):
+    for r in range(shard_map.world_size):
         heads, total, full, window, by_window = [], 0, 0, 0, {}
         for layer in layers:
             if layer.kind == "none":
                 continue
-            share = 1.0
-            for role in ("k", "kv"):
-                if (layer.index, role) in rows:
-                    whole, local = rows[(layer.index, role)]
-                    share = local[r] / whole if whole else 1.0
-                    break
+            share = keys[layer.index].share(r) if layer.index in keys else 1.0
             h = layer.kv_heads * share
             heads.append(h)
             b = int(round(h * (layer.key_dim + layer.value_dim) * itemsize))
@@ -165,9 +205,11 @@ def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -
     return out
 
 
-def kv_summary(text_config, shard_map, text_prefix: str, itemsize: int, dtype: str) -> dict:
-    """The report's `kv_cache` section: layer kinds, KV heads per rank, bytes per token per rank (worst rank)."""
+def kv_section(text_config, shard_map, text_prefix: str, dtype: str, itemsize: int) -> KVCacheSection | None:
+    """The report's `kv_cache` section; `None` when the config describes no decoder attention heads."""
     layers = kv_layers(text_config)
+    if not layers:
+        return None
     ranks = rank_kv(layers, shard_map, text_prefix, itemsize)
     kinds: dict[str, int] = {}
     for layer in layers:
@@ -175,25 +217,24 @@ def kv_summary(text_config, shard_map, text_prefix: str, itemsize: int, dtype: s
     cached = [layer for layer in layers if layer.kind != "none"]
     heads_whole = sorted({layer.kv_heads for layer in cached})
     per_rank_heads = sorted({h for rk in ranks for h in rk.heads_per_layer}) if ranks else []
-    return {
-        "dtype": dtype,
-        "layers": kinds,
-        "kv_heads": heads_whole[0] if len(heads_whole) == 1 else heads_whole,
-        "kv_heads_per_rank": _compact(per_rank_heads),
-        "bytes_per_token_per_rank": [rk.bytes_per_token for rk in ranks],
-        "full_context_bytes_per_token_per_rank": [rk.full_bytes_per_token for rk in ranks],
-        "window_bytes_per_token_per_rank": [rk.window_bytes_per_token for rk in ranks],
-        "windows": sorted({layer.window for layer in cached if layer.window}),
-        "window_bytes_per_token_by_window": {str(w): [rk.by_window.get(w, 0) for rk in ranks]
-                                             for w in sorted({layer.window for layer in cached if layer.window})},
-        "bytes_per_token_whole_model": sum(layer.bytes_per_token(itemsize) for layer in layers),
-        "linear_state_bytes_per_sequence": linear_state_bytes_per_sequence(text_config, itemsize),
-        "itemsize": itemsize,
-    }
+    windows = sorted({layer.window for layer in cached if layer.window})
+    return KVCacheSection(
+        dtype=dtype, itemsize=itemsize, layers=kinds,
+        kv_heads=heads_whole[0] if len(heads_whole) == 1 else heads_whole,
+        kv_heads_per_rank=_compact(per_rank_heads),
+        bytes_per_token_per_rank=[rk.bytes_per_token for rk in ranks],
+        full_context_bytes_per_token_per_rank=[rk.full_bytes_per_token for rk in ranks],
+        window_bytes_per_token_per_rank=[rk.window_bytes_per_token for rk in ranks],
+        windows=windows,
+        window_bytes_per_token_by_window={str(w): [rk.by_window.get(w, 0) for rk in ranks] for w in windows},
+        bytes_per_token_whole_model=sum(layer.bytes_per_token(itemsize) for layer in layers),
+        linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(text_config, itemsize))
 
 
 def _compact(values: list[float]):
     ints = [int(v) if float(v).is_integer() else round(v, 4) for v in values]
+    if not ints:
+        return 0
     return ints[0] if len(ints) == 1 else ints
 
 
@@ -204,13 +245,14 @@ def linear_state_bytes_per_sequence(text_config, itemsize: int) -> int:
     and the recurrent state `num_v_heads x head_k_dim x head_v_dim` in float32, as transformers' Gated DeltaNet layers
     (qwen3_next, qwen3_5) keep them in `LinearAttentionCacheLayerMixin`. 0 for models without such layers.
     """
-    from .checks.registry import config_value as get
-
+    get = backend().config_value
     n = sum(1 for t in (get(text_config, "layer_types") or []) if t == "linear_attention")
     kernel = get(text_config, "linear_conv_kernel_dim")
     if not n or not kernel:
         return 0
-    k_heads, v_heads = text_config.linear_num_key_heads, text_config.linear_num_value_heads
-    k_dim, v_dim = text_config.linear_key_head_dim, text_config.linear_value_head_dim
+    k_heads, v_heads = get(text_config, "linear_num_key_heads"), get(text_config, "linear_num_value_heads")
+    k_dim, v_dim = get(text_config, "linear_key_head_dim"), get(text_config, "linear_value_head_dim")
+    if not all(isinstance(x, int) for x in (k_heads, v_heads, k_dim, v_dim)):
+        return 0
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     return n * (conv_dim * kernel * itemsize + v_heads * k_dim * v_dim * 4)

@@ -1,23 +1,67 @@
-"""Checkpoint names -> runtime names, as `from_pretrained` maps them, and the overlay of what the meta model lacks.
+"""Checkpoint names -> runtime names, as `from_pretrained` maps them, and what the meta model lacks or has in excess.
 
 Plan rules match the model's runtime parameter names, not the checkpoint's. transformers renames and merges checkpoint
 tensors at load (`block_sparse_moe.experts.3.w1.weight` -> `mlp.experts.gate_up_proj`; transposed fused experts), so
-each checkpoint key goes through the same `core_model_loading.rename_source_key` with the same transforms
-(`conversion_mapping.get_model_conversion_mapping`) the loader uses.
+each checkpoint key goes through the loader's own `rename_source_key` with the loader's transforms (through the
+seam, `compat.backend().renamer`).
 
-A checkpoint tensor that maps to no parameter but whose parent module exists (a quantizer's `weight_packed`,
-`weight_scale`, `weight_shape`, `qweight`, `scales` when its quantizer cannot run here) is added to that module as a
-meta parameter: transformers applies a module's rule to every parameter of the module
-(`DistributedMixin._expand_parallel_plan` falls back to the parent module), whatever created it. The module's own
-parameters that the checkpoint does not hold (the unquantized `weight` the packed form replaces) are then removed:
-they would not exist at runtime. A tensor with no parent module (DeepSeek-V3's MTP layer 61) is unmapped.
+**Once per family.** A checkpoint of 200,000 tensors has a few hundred families that differ only in layer and expert
+indices. Keys are grouped by their generic form (indices -> `*`); one representative per family is renamed by
+transformers, the indices it carries into the runtime name are read off by value, and the result is checked on two
+more members (first, middle, last) before the family is expanded. A family whose renaming depends on the index
+(`Inkling2IndexOffsetWeightRename`, a layer-pair collapse) fails that check and is renamed key by key.
+`tests/test_mapping.py` proves the result equal to renaming every key on every fixture.
+
+**Companions.** A checkpoint tensor that maps to no parameter but whose module exists is added to that module only
+when it is a quantization tensor of a quantized checkpoint whose quantizer could not run here (`weight_packed`,
+`weight_scale`, `weight_shape`, `qweight`, `scales`): transformers applies a module's rule to every parameter of the
+module (`DistributedMixin._expand_parallel_plan` falls back to the parent module), whatever created it. The module's
+own parameters the checkpoint does not hold (the unquantized `weight` the packed form replaces) are then removed.
+Any other tensor without a parameter (a `q_proj.bias` on a bias-free model, DeepSeek-V3's MTP layer 61) is unmapped:
+the loader drops unexpected keys, so it is reported (TPA301), never added.
+
+**Shapes.** Each parameter's checkpoint tensors are run through the loader's own conversion ops on meta tensors (or
+compared directly for a plain rename); a parameter whose converted shape differs from the model's is listed in
+`shape_mismatches` (TPA303), as `from_pretrained` stops on it with "size mismatch".
 """
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .model import CheckpointTensor
+
+_INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
+
+# Tensors a quantized checkpoint stores beside (or instead of) a module's weight.
+QUANT_LEAVES = frozenset({"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_packed",
+                          "weight_shape", "weight_g_idx", "weight_zero_point", "input_scale", "activation_scale",
+                          "weight_global_scale", "input_global_scale", "output_scale", "k_scale", "v_scale"})
+QUANT_SUFFIXES = ("_scale_inv", "_scale", "_packed", "_shape", "_g_idx", "_zero_point", "_blocks", "_scales")
+
+
+def is_quant_tensor_name(leaf: str) -> bool:
+    """A quantization tensor's leaf name (`weight_scale_inv`, `qweight`, `gate_up_proj_blocks`, ...)."""
+    return leaf in QUANT_LEAVES or any(leaf.endswith(s) and len(leaf) > len(s) for s in QUANT_SUFFIXES)
+
+
+@dataclass
+class ShapeMismatch:
+    """A parameter whose checkpoint tensors, after the loader's conversions, do not have the model's shape.
+
+    Attributes:
+        name (`str`): runtime parameter name.
+        checkpoint_names (`list[str]`): the tensors that load into it.
+        checkpoint_shape (`tuple[int, ...]`): the converted shape.
+        model_shape (`tuple[int, ...]`): the parameter's shape from the config.
+    """
+
+    name: str
+    checkpoint_names: list[str]
+    checkpoint_shape: tuple[int, ...]
+    model_shape: tuple[int, ...]
 
 
 @dataclass
@@ -32,6 +76,11 @@ class CheckpointMapping:
         missing (`list[str]`): model parameters no checkpoint tensor loads (the loader initialises them).
         casts (`dict[tuple[str, str], int]`): `(checkpoint dtype, runtime dtype)` -> count of float tensors the loader
             casts on load.
+        shape_mismatches (`list[ShapeMismatch]`): see the module docstring.
+        outside_parameters_bytes (`int`): bytes of checkpoint tensors a converter folds into state that is not a
+            parameter (MXFP4 block scales).
+        buffers (`list[str]`): checkpoint tensors that load into persistent buffers (not parameters, not counted).
+        families (`int`), renamed_per_key (`int`): how the names were mapped (families; keys renamed one by one).
     """
 
     by_param: dict[str, list[str]] = field(default_factory=dict)
@@ -40,75 +89,177 @@ class CheckpointMapping:
     superseded: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     casts: dict[tuple[str, str], int] = field(default_factory=dict)
+    shape_mismatches: list[ShapeMismatch] = field(default_factory=list)
+    outside_parameters_bytes: int = 0
+    buffers: list[str] = field(default_factory=list)
+    families: int = 0
+    renamed_per_key: int = 0
 
 
-def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=None) -> CheckpointMapping:
-    """Map every checkpoint tensor to a runtime name and add the companions to the meta model (in place).
+def _family(key: str) -> tuple[str, tuple[str, ...]]:
+    """`model.layers.3.mlp.experts.7.w1.weight` -> (`model.layers.{}.mlp.experts.{}.w1.weight`, ("3", "7"))."""
+    indices = tuple(_INDEX.findall(key))
+    return _INDEX.sub("{}", key), indices
+
+
+def _template(renamed: str, indices: tuple[str, ...]) -> str | None:
+    """The renamed key with each index it carries replaced by `{position in the source indices}`; `None` when an
+    index of the runtime name is not one of the source's, or matches several (ambiguous)."""
+    out, last = [], 0
+    for m in _INDEX.finditer(renamed):
+        positions = [i for i, v in enumerate(indices) if v == m.group(0)]
+        if len(positions) != 1:
+            return None
+        out.append(renamed[last:m.start()].replace("{", "{{").replace("}", "}}"))
+        out.append("{%d}" % positions[0])
+        last = m.end()
+    out.append(renamed[last:].replace("{", "{{").replace("}", "}}"))
+    return "".join(out)
+
+
+def rename_all(keys: list[str], rename) -> tuple[dict[str, tuple[str, str | None]], int, int]:
+    """Rename every checkpoint key, once per family where the family allows it.
+
+    Args:
+        keys (`list[str]`): checkpoint keys.
+        rename (`Callable[[str], tuple[str, str | None]]`): the loader's renaming of one key (the seam's `Renamer`).
+
+    Returns:
+        `(key -> (runtime name, converter source pattern), families, keys renamed one by one)`.
+    """
+    families: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    for key in keys:
+        generic, indices = _family(key)
+        families[generic].append((key, indices))
+    out: dict[str, tuple[str, str | None]] = {}
+    per_key = 0
+    for members in families.values():
+        if len(members) < 4:
+            for key, _ in members:
+                out[key] = rename(key)
+            per_key += len(members)
+            continue
+        template, pattern = None, None
+        for key, indices in members[:3]:  # a representative whose indices are unambiguous
+            renamed, pattern = rename(key)
+            out[key] = (renamed, pattern)
+            if len(set(indices)) == len(indices):
+                template = _template(renamed, indices)
+                if template is not None:
+                    break
+        checks = (members[len(members) // 2], members[-1])
+        if template is not None:
+            for key, indices in checks:
+                actual = rename(key)
+                out[key] = actual
+                if actual != (template.format(*indices), pattern):
+                    template = None
+                    break
+        if template is None:
+            for key, _ in members:
+                if key not in out:
+                    out[key] = rename(key)
+            per_key += len(members)
+            continue
+        for key, indices in members:
+            if key not in out:
+                out[key] = (template.format(*indices), pattern)
+    return out, len(families), per_key
+
+
+def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=None, *,
+                   quantized: bool = False) -> CheckpointMapping:
+    """Map every checkpoint tensor to a runtime name; add quantization companions to the meta model (in place).
 
     Args:
         model (`PreTrainedModel`): the meta-device model, after the quantizer's `preprocess_model` if one ran.
         tensors (`tuple[CheckpointTensor, ...]`): the checkpoint's tensor table.
-        hf_quantizer (`HfQuantizer`, *optional*): its `update_weight_conversions` joins the transforms, as at load.
+        hf_quantizer (`HfQuantizer`, *optional*): the quantizer that ran (its conversions join the loader's).
+        quantized (`bool`): the config declares a quantization (companions are only accepted then).
 
     Returns:
         `CheckpointMapping`.
 
-    Source: transformers 5.23 `core_model_loading.convert_and_load_state_dict_in_model` (renaming and the
-    base-model-prefix fallback), `conversion_mapping.get_model_conversion_mapping`.
+    Source: transformers 5.23 `core_model_loading.convert_and_load_state_dict_in_model` (renaming, the base-model
+    prefix fallback, dtype casts, "size mismatch"), `conversion_mapping.get_model_conversion_mapping`.
     """
-    import torch
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    from .compat import backend
 
-    from ._compat import str_to_torch_dtype
-
+    tf = backend()
     mapping = CheckpointMapping()
-    meta_state_dict = model.state_dict()
-    weight_mapping = get_model_conversion_mapping(model, None, hf_quantizer)
-    renamings = [t for t in weight_mapping if isinstance(t, WeightRenaming)]
-    converters = [t for t in weight_mapping if isinstance(t, WeightConverter)]
-    prefix = model.base_model_prefix
-    modules = dict(model.named_modules())
-    parameters = dict(model.named_parameters())
+    renamer = tf.renamer(model, hf_quantizer)
+    params = {name: (shape, dtype, floating) for name, shape, dtype, floating in tf.parameter_table(model)}
+    state = tf.state_dict_keys(model)  # parameters and persistent buffers: what the loader loads into
+    tied = tf.tied_keys(model)
+    renamed, mapping.families, mapping.renamed_per_key = rename_all([t.name for t in tensors], renamer.rename)
 
-    for tensor in tensors:  # the loader sorts by dot_natural_key; the mapping of each key does not depend on order
-        key = tensor.name
-        renamed, _ = rename_source_key(key, renamings, converters, prefix, meta_state_dict)
-        if renamed not in meta_state_dict and key in meta_state_dict:
-            renamed, _ = rename_source_key(key, [], [], base_model_prefix=prefix, meta_state_dict=meta_state_dict)
-        if renamed in meta_state_dict:
-            mapping.by_param.setdefault(renamed, []).append(key)
-            param = parameters.get(renamed)
-            if param is not None and param.is_floating_point():
-                runtime = str(param.dtype).removeprefix("torch.")
-                stored = str(str_to_torch_dtype(tensor.dtype)).removeprefix("torch.")
-                if stored != runtime and tensor.dtype.startswith(("F", "BF")):
-                    mapping.casts[(tensor.dtype, runtime)] = mapping.casts.get((tensor.dtype, runtime), 0) + 1
+    by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
+    module_names = {n for n, _ in model.named_modules()}
+    for tensor in tensors:
+        runtime, pattern = renamed[tensor.name]
+        if runtime in state and runtime not in params and runtime not in tied:
+            mapping.buffers.append(tensor.name)  # a persistent buffer (e.g. a router's correction bias)
             continue
-        module_name, _, leaf = renamed.rpartition(".")
-        module = modules.get(module_name)
-        if module is None or not leaf or leaf in module._buffers or renamed in mapping.companions:
-            mapping.unmapped.append((tensor, renamed))
+        if runtime in params or runtime in tied:
+            mapping.by_param.setdefault(runtime, []).append(tensor.name)
+            if pattern is not None:
+                by_pattern[runtime][pattern].append(tensor)
+                if tensor.name.endswith("_scales") and not runtime.endswith("_scales"):
+                    mapping.outside_parameters_bytes += tensor.nbytes
+            shape, dtype, floating = params.get(runtime, (None, None, False))
+            if floating and tensor.dtype.startswith(("F", "BF")):
+                stored = str(tf.torch_dtype(tensor.dtype)).removeprefix("torch.")
+                if stored != dtype:
+                    mapping.casts[(tensor.dtype, dtype)] = mapping.casts.get((tensor.dtype, dtype), 0) + 1
             continue
-        mapping.companions[renamed] = tensor
+        module_name, _, leaf = runtime.rpartition(".")
+        claimed = quantized and hf_quantizer is None and is_quant_tensor_name(leaf)
+        if (module_name not in module_names or not leaf or not claimed or runtime in mapping.companions
+                or leaf in tf.module_buffers(model, module_name)):
+            mapping.unmapped.append((tensor, runtime))
+            continue
+        mapping.companions[runtime] = tensor
+
+    _check_shapes(mapping, model, tensors, by_pattern, params, renamer, tf)
 
     # Add companions; remove the params they replace (their module is stored in another, quantized form).
-    touched_modules = {}
+    touched = set()
     for name, tensor in mapping.companions.items():
-        module_name, _, leaf = name.rpartition(".")
-        module = modules[module_name]
-        dtype = str_to_torch_dtype(tensor.dtype)
-        module.register_parameter(
-            leaf, torch.nn.Parameter(torch.empty(tensor.shape, dtype=dtype, device="meta"), requires_grad=False))
-        touched_modules[module_name] = module
-    for module_name, module in touched_modules.items():
-        for leaf in list(module._parameters):
-            name = f"{module_name}.{leaf}"
-            if name not in mapping.by_param and name not in mapping.companions:
-                del module._parameters[leaf]
+        tf.add_parameter(model, name, tensor.shape, tensor.dtype)
+        touched.add(name.rpartition(".")[0])
+    if touched:
+        for name, _, _, _ in tf.parameter_table(model):
+            module_name = name.rpartition(".")[0]
+            if module_name in touched and name not in mapping.by_param and name not in mapping.companions:
+                tf.remove_parameter(model, name)
                 mapping.superseded.append(name)
-
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    mapping.missing = [name for name, _ in model.named_parameters()
+    mapping.missing = [name for name, *_ in tf.parameter_table(model)
                        if name not in mapping.by_param and name not in mapping.companions and name not in tied]
     return mapping
+
+
+def _check_shapes(mapping: CheckpointMapping, model, tensors, by_pattern, params, renamer, tf) -> None:
+    """Converted checkpoint shape vs parameter shape (the loader's "size mismatch"), once per distinct combination of
+    parameter family, model shape and stored shapes: a few hundred checks for a checkpoint of any size."""
+    from .model import generic_name
+
+    by_name = {t.name: t for t in tensors}
+    seen: set[tuple] = set()
+    for runtime, names in mapping.by_param.items():
+        if runtime not in params:
+            continue
+        model_shape = params[runtime][0]
+        stored = [by_name[n] for n in names]
+        key = (generic_name(runtime), model_shape, tuple(t.shape for t in stored[:2]), len(stored))
+        if key in seen:
+            continue
+        seen.add(key)
+        if runtime in by_pattern:
+            shape = tf.converted_shape(renamer, runtime, {p: [(t.shape, t.dtype) for t in ts]
+                                                          for p, ts in by_pattern[runtime].items()}, model)
+        elif len(stored) == 1:
+            shape = stored[0].shape
+        else:
+            shape = None
+        if shape is not None and tuple(shape) != tuple(model_shape):
+            mapping.shape_mismatches.append(ShapeMismatch(runtime, names, tuple(shape), tuple(model_shape)))

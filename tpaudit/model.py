@@ -1,19 +1,25 @@
 """The data model: what flows from one stage to the next.
 
-    ModelSource -> (meta model + ResolvedPlan) -> ShardMap -> list[Finding] -> Report -> renderer
+    ModelSource -> BuiltModel (+ facts) -> ResolvedPlan -> ShardMap -> list[Finding] -> Report -> renderer
 
 Frozen dataclasses only; nothing here imports torch or transformers. Sizes are `int` bytes named `*_bytes`, counts
 `*_count`, shapes `tuple[int, ...]`. Parameter names are runtime names (after the loader's renaming and merging); a
 "generic" name has its layer/expert indices replaced by `*` as transformers'
-`parallel_utils.replace_layer_number_by_wildcard` does. On-disk names are `checkpoint_name`.
+`parallel_utils.replace_layer_number_by_wildcard` does (`compat.logic.generic_name`). On-disk names are
+`checkpoint_name`. Every report section is a typed dataclass with `to_json()`; `Report.to_json()` is the
+`tpaudit/check/v1` contract.
 """
 
 from __future__ import annotations
 
 import math
-import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from .compat._types import ModuleFacts, QuantizationInfo  # noqa: F401  (re-exported: part of the data model)
+from .compat.logic import generic_name  # noqa: F401  (re-exported)
+from .errors import UsageError
 
 # Bytes per element of each safetensors dtype (https://huggingface.co/docs/safetensors/index#format). Sub-byte
 # formats are stored packed in one of these by every quantizer, so a whole-byte table is complete for headers.
@@ -22,19 +28,6 @@ SAFETENSORS_DTYPE_BYTES: dict[str, int] = {
     "F4": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
     "C64": 8,
 }
-
-_LAYER_NUMBER = re.compile(r"\.\d+(\.|$)")
-
-
-def generic_name(name: str) -> str:
-    """`model.layers.3.mlp.experts.7.w1.weight` -> `model.layers.*.mlp.experts.*.w1.weight`.
-
-    Numbers between dots (or between a dot and the end) become `*`; digits inside a name (`w1`) stay.
-
-    Source: transformers 5.23 `distributed.parallel_utils.replace_layer_number_by_wildcard` (same regex; kept here
-    so that sources and renderers need not import transformers).
-    """
-    return _LAYER_NUMBER.sub(lambda m: ".*" + m.group(1), name)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -81,8 +74,7 @@ class ModelSource:
         config_path (`str`, *optional*): the file a user edits to change the config (a local `config.json`, the
             snapshot file), used as the location of findings in SARIF.
         config_dir (`str`, *optional*): a local directory holding `config.json` (and remote code, if any).
-        notes (`tuple[str, ...]`): facts about how the input was read that the report must repeat (e.g. "config
-            only: ...").
+        notes (`tuple[str, ...]`): facts about how the input was read that the report must repeat.
     """
 
     ref: str
@@ -117,7 +109,65 @@ class ModelSource:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Plan and simulation stage
+# Sizes: validated once, then passed along
+# ----------------------------------------------------------------------------------------------------------------------
+MAX_WORLD_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """The parallel degrees of one simulation, validated once (`ParallelSizes.of`).
+
+    Attributes:
+        tp_size (`int`): tensor-parallel ranks sharing each layer.
+        ep_size (`int`): expert-parallel ranks sharing the experts (1 or `tp_size` in transformers 5.23/5.24 without
+            FSDP; transformers itself is the judge, at plan resolution).
+    """
+
+    tp_size: int
+    ep_size: int = 1
+
+    @classmethod
+    def of(cls, tp_size, ep_size=1, *, names: tuple[str, str] = ("tp_size", "ep_size")) -> "ParallelSizes":
+        """Validate and build.
+
+        Args:
+            tp_size, ep_size: the sizes as given.
+            names (`tuple[str, str]`): how the caller calls them in messages: the API's `("tp_size", "ep_size")`, the
+                CLI's `("--tp", "--ep")`.
+
+        Raises:
+            UsageError: a size that is not an `int` (`True`, `"2"`, `2.0` included), below 1, or more ranks than
+                tpaudit simulates (`MAX_WORLD_SIZE`).
+        """
+        def given(name: str, value) -> str:
+            return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+
+        for name, field_name, value in ((names[0], "tp_size", tp_size), (names[1], "ep_size", ep_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"{given(name, value)} is not a number of ranks: {field_name} must be a positive "
+                                 "integer such as 2, 4 or 8")
+            if value < 1:
+                raise UsageError(f"{given(name, value)} is invalid: {field_name} must be a positive integer such as 2, "
+                                 "4 or 8")
+        if max(tp_size, ep_size) > MAX_WORLD_SIZE:
+            raise UsageError(f"{given(names[0], tp_size)}, {given(names[1], ep_size)} is more ranks than tpaudit "
+                             f"simulates (at most {MAX_WORLD_SIZE}): the fake process group builds a mesh of that many "
+                             "ranks")
+        return cls(tp_size, ep_size)
+
+    @property
+    def world_size(self) -> int:
+        return max(self.tp_size, self.ep_size)
+
+    @property
+    def parallel(self) -> bool:
+        """More than one rank: something may be sharded."""
+        return self.world_size > 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Simulation stage
 # ----------------------------------------------------------------------------------------------------------------------
 ParamOrigin = Literal["checkpoint", "model", "companion"]
 Sharding = Literal["sharded", "replicated_by_rule", "unsharded"]
@@ -140,7 +190,7 @@ class ParamShard:
         rule (`str`, *optional*): the (generic, prefixed) plan key that gave the style: the parameter's own name or
             its module's.
         plan (`"tp" | "ep"`, *optional*): which plan the rule came from.
-        placement (`str`): the DTensor placement, e.g. `"Shard(0)"`, `"_StridedShard(dim=1, sf=2)"`,
+        placement (`str`): the DTensor placement, e.g. `"Shard(dim=0)"`, `"_StridedShard(dim=1, sf=2)"`,
             `"Replicate()"`, or `"whole"` for a plain tensor.
         sharding (`"sharded" | "replicated_by_rule" | "unsharded"`): `sharded` when a rank holds less than the
             whole; `replicated_by_rule` when a rule keeps it whole on purpose (rowwise bias, `replicate`,
@@ -156,6 +206,7 @@ class ParamShard:
         shard_dim (`int`, *optional*): the (non-negative) dimension a `Shard`/`_StridedShard` placement splits.
         split_factor (`int`): 1 for `Shard`; the number of packed blocks (`sf`) for `_StridedShard`, whose every block
             is split across the ranks (`packed_colwise` on `gate_up_proj`: gate and up each split).
+        floating (`bool`): a floating-point parameter (trainable; quantized integer data and metadata are not).
     """
 
     name: str
@@ -175,6 +226,7 @@ class ParamShard:
     module_type: str = ""
     shard_dim: int | None = None
     split_factor: int = 1
+    floating: bool = True
 
     @property
     def global_bytes(self) -> int:
@@ -187,21 +239,109 @@ class ParamShard:
             return 0
         return math.prod(self.local_shapes[rank]) * self.itemsize
 
+    def rank_elements(self, rank: int) -> int:
+        """Elements rank `rank` holds (0 for a tied copy)."""
+        if self.tied_to is not None:
+            return 0
+        return math.prod(self.local_shapes[rank])
+
     @property
     def ndim(self) -> int:
         return len(self.global_shape)
 
+    @property
+    def module_name(self) -> str:
+        """`model.layers.3.self_attn.q_proj` for `model.layers.3.self_attn.q_proj.weight`."""
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters sharing one generic name (layer and expert indices -> `*`): the unit checks and tables walk.
+
+    Attributes:
+        generic_name (`str`), count (`int`): the name and how many parameters share it.
+        first (`ParamShard`): the first member (model order); every member has its style, placement and shape kind.
+        total_bytes (`int`): all members, tied copies excluded.
+        rank_bytes (`tuple[int, ...]`): bytes of all members each rank holds.
+    """
+
+    generic_name: str
+    count: int
+    first: ParamShard
+    total_bytes: int
+    rank_bytes: tuple[int, ...]
+
+    # The first member's facts, for tables and checks.
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        return self.first.global_shape
+
+    @property
+    def dtype(self) -> str:
+        return self.first.dtype
+
+    @property
+    def style(self) -> str | None:
+        return self.first.style
+
+    @property
+    def rule(self) -> str | None:
+        return self.first.rule
+
+    @property
+    def placement(self) -> str:
+        return self.first.placement
+
+    @property
+    def sharding(self) -> Sharding:
+        return self.first.sharding
+
+    @property
+    def local_shape_rank0(self) -> tuple[int, ...]:
+        return self.first.local_shapes[0]
+
+    @property
+    def local_shape_last(self) -> tuple[int, ...]:
+        return self.first.local_shapes[-1]
+
+    @property
+    def module_type(self) -> str:
+        return self.first.module_type
+
+    @property
+    def origin(self) -> ParamOrigin:
+        return self.first.origin
+
+    @property
+    def tied_to(self) -> str | None:
+        return self.first.tied_to
+
+    @property
+    def worst_rank_bytes(self) -> int:
+        return max(self.rank_bytes) if self.rank_bytes else 0
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"name": self.generic_name, "count": self.count, "shape": list(self.global_shape), "dtype": self.dtype,
+               "style": self.style, "rule": self.rule, "placement": self.placement, "sharding": self.sharding,
+               "local_shape": list(self.local_shape_rank0), "local_shape_last_rank": list(self.local_shape_last),
+               "bytes": self.total_bytes, "rank_bytes": list(self.rank_bytes), "origin": self.origin}
+        if self.tied_to:
+            out["tied_to"] = self.tied_to
+        return out
+
 
 @dataclass(frozen=True)
 class ShardMap:
-    """Every parameter of the model and its shard on every rank.
+    """Every parameter of the model and its shard on every rank, and the groupings every later stage reads.
 
     Attributes:
         tp_size (`int`), ep_size (`int`): the sizes simulated; `world_size = max(tp_size, ep_size)` (in transformers
-            5.23 without FSDP, `ep_size` is 1 or `tp_size`, so the EP ranks are the TP ranks).
+            5.23/5.24 without FSDP, `ep_size` is 1 or `tp_size`, so the EP ranks are the TP ranks).
         params (`tuple[ParamShard, ...]`): in the model's `named_parameters()` order, tied copies included.
         rank_param_bytes (`tuple[int, ...]`): bytes of parameters resident on each rank (tied pairs once).
         total_param_bytes (`int`): bytes of the whole model (tied pairs once).
+        groups (`tuple[ParamGroup, ...]`): parameters by generic name, in model order.
     """
 
     tp_size: int
@@ -209,18 +349,25 @@ class ShardMap:
     params: tuple[ParamShard, ...]
     rank_param_bytes: tuple[int, ...] = field(init=False)
     total_param_bytes: int = field(init=False)
+    groups: tuple[ParamGroup, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        ranks = [0] * self.world_size
-        total = 0
+        world = self.world_size
+        buckets: OrderedDict[str, list[ParamShard]] = OrderedDict()
         for p in self.params:
-            if p.tied_to is not None:
-                continue
-            total += p.global_bytes
-            for r in range(self.world_size):
-                ranks[r] += p.rank_bytes(r)
+            buckets.setdefault(p.generic_name, []).append(p)
+        groups, ranks, total = [], [0] * world, 0
+        for name, members in buckets.items():
+            counted = [p for p in members if p.tied_to is None]
+            group_total = sum(p.global_bytes for p in counted)
+            per_rank = tuple(sum(p.rank_bytes(r) for p in counted) for r in range(world))
+            total += group_total
+            for r in range(world):
+                ranks[r] += per_rank[r]
+            groups.append(ParamGroup(name, len(members), members[0], group_total, per_rank))
         object.__setattr__(self, "rank_param_bytes", tuple(ranks))
         object.__setattr__(self, "total_param_bytes", total)
+        object.__setattr__(self, "groups", tuple(groups))
 
     @property
     def world_size(self) -> int:
@@ -235,59 +382,38 @@ class ShardMap:
     def worst_rank_param_bytes(self) -> int:
         return self.rank_param_bytes[self.worst_rank]
 
+    def members(self, group: ParamGroup) -> list[ParamShard]:
+        """Every parameter of `group` (model order)."""
+        return [p for p in self.params if p.generic_name == group.generic_name]
 
-@dataclass(frozen=True)
-class ModuleFacts:
-    """What the checks need to know about one module of the meta model.
-
-    Attributes:
-        type (`str`): class name.
-        in_features (`int`, *optional*), out_features (`int`, *optional*): the logical sizes of a linear layer, also
-            when a quantizer stores its weight packed or transposed.
-        head_dim (`int`, *optional*): for attention modules.
-        is_transposed (`bool`, *optional*), is_concatenated (`bool`, *optional*): for fused experts modules, the
-            layout flags transformers' experts integration reads (`[E, in, out]` storage; `[gate; up]` concatenated
-            rather than interleaved).
-    """
-
-    type: str
-    in_features: int | None = None
-    out_features: int | None = None
-    head_dim: int | None = None
-    is_transposed: bool | None = None
-    is_concatenated: bool | None = None
-
-
-@dataclass(frozen=True)
-class ParamGroup:
-    """Parameters sharing one generic name (layer and expert indices -> `*`), as the report's table shows them."""
-
-    generic_name: str
-    count: int
-    global_shape: tuple[int, ...]
-    dtype: str
-    style: str | None
-    rule: str | None
-    placement: str
-    sharding: Sharding
-    local_shape_rank0: tuple[int, ...]
-    local_shape_last: tuple[int, ...]
-    total_bytes: int
-    rank_bytes: tuple[int, ...]
-    module_type: str
-    origin: ParamOrigin
-    tied_to: str | None = None
-
-    @property
-    def worst_rank_bytes(self) -> int:
-        return max(self.rank_bytes) if self.rank_bytes else 0
+    def replicated_groups(self) -> list[ParamGroup]:
+        """Groups every rank holds whole because nothing shards them (tied copies excluded). Empty at world size 1."""
+        if self.world_size == 1:
+            return []
+        return [g for g in self.groups if g.sharding == "unsharded" and g.tied_to is None]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Findings and the report
+# Findings
 # ----------------------------------------------------------------------------------------------------------------------
 Severity = Literal["error", "warning", "note"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "note": 2}
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a finding points, worked out before rendering (SARIF reads it as is).
+
+    Attributes:
+        path (`str`, *optional*): the file a user edits (the `--plan` file, `config.json`, a snapshot), or a URL for
+            a Hub config.
+        line (`int`, *optional*): the line in that file that names the rule key or config attribute.
+        logical (`str`): the parameter, rule key or config attribute the finding is about.
+    """
+
+    path: str | None
+    line: int | None
+    logical: str
 
 
 @dataclass(frozen=True)
@@ -303,6 +429,7 @@ class Finding:
         message (`str`): what is wrong, with the numbers.
         fix (`str`): an imperative fix title ("Add rule `layers.*.mlp.experts.gate_up_proj: packed_colwise`").
         facts (`dict`): the values behind the message (bytes, sizes, rank), JSON-serialisable.
+        location (`Location`, *optional*): set by the report stage from the rule's declaration.
     """
 
     code: str
@@ -312,6 +439,7 @@ class Finding:
     message: str
     fix: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
+    location: Location | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -337,7 +465,8 @@ class ReplicatedFamily:
         count (`int`): how many parameters share it.
         bytes (`int`): their bytes together, which every rank holds.
         reason (`str`): `"no rule matches"` or the rule whose style does not shard parameters.
-        severity (`str`, *optional*): the severity of the finding about it (`None` for norms, biases, vectors).
+        severity (`str`, *optional*): the severity of the TPA001 finding that covers it (`None` for norms, biases,
+            vectors, which no finding covers).
     """
 
     name: str
@@ -353,6 +482,90 @@ class ReplicatedFamily:
         return out
 
 
+def why_unsharded(p: ParamShard) -> str:
+    """Why nothing shards `p`: `"no rule matches"` or the rule whose style does not shard parameters."""
+    if p.rule is None:
+        return "no rule matches"
+    return f"rule `{p.rule}: {p.style}` does not shard parameters"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Report sections (each optional, each typed)
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVCacheSection:
+    """The KV cache a rank holds per token, layer by layer (see `kvcache.py`).
+
+    Attributes:
+        dtype (`str`): cache dtype; `itemsize` its bytes per element.
+        layers (`dict[str, int]`): layer kind (`full`, `sliding`, `chunked`, `mla`, `none`) -> count.
+        kv_heads (`int | list[int]`): KV heads of the whole model (a list when layers differ).
+        kv_heads_per_rank (`float | list[float]`): KV heads one rank holds (as transformers'
+            `get_kv_heads_per_rank` counts them: a gathered key projection keeps every head on every rank).
+        bytes_per_token_per_rank (`list[int]`): per rank, all cached layers.
+        full_context_bytes_per_token_per_rank (`list[int]`): of those, layers that keep the whole context.
+        window_bytes_per_token_by_window (`dict[str, list[int]]`): window (tokens) -> per-rank bytes per token of the
+            layers with that window.
+        bytes_per_token_whole_model (`int`), linear_state_bytes_per_sequence (`int`).
+    """
+
+    dtype: str
+    itemsize: int
+    layers: dict[str, int]
+    kv_heads: Any
+    kv_heads_per_rank: Any
+    bytes_per_token_per_rank: list[int]
+    full_context_bytes_per_token_per_rank: list[int]
+    window_bytes_per_token_per_rank: list[int]
+    windows: list[int]
+    window_bytes_per_token_by_window: dict[str, list[int]]
+    bytes_per_token_whole_model: int
+    linear_state_bytes_per_sequence: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class SuggestionSection:
+    """`--suggest`: proposed rules, re-simulated (see `suggest.py`).
+
+    Attributes:
+        rules (`dict[str, str]`): proposed key (relative to the base model) -> style.
+        removed (`list[str]`): rules of the current plan that match nothing, dropped from the proposal.
+        unresolved (`list[str]`): families no sibling shards, with the reason.
+        voters (`dict`): key -> `{"matched", "votes", "examples"}`.
+        before (`dict`), after (`dict`, *optional*): worst-rank bytes, replicated bytes, errors, warnings.
+        plan (`dict`, *optional*): the whole proposed `base_model_tp_plan`.
+        snippet (`str`, *optional*): it as Python, ready to paste.
+        new_errors (`list[dict]`): error findings the proposed plan has that the current one does not.
+    """
+
+    rules: dict[str, str]
+    removed: list[str]
+    unresolved: list[str]
+    voters: dict[str, Any]
+    before: dict[str, Any]
+    after: dict[str, Any] | None = None
+    plan: dict[str, str] | None = None
+    snippet: str | None = None
+    new_errors: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class BaselineSection:
+    """`--baseline FILE`: how many known findings were accepted (and not shown)."""
+
+    file: str
+    suppressed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "suppressed": self.suppressed}
+
+
 REPORT_SCHEMA = "tpaudit/check/v1"
 
 
@@ -363,29 +576,36 @@ class Report:
 
     Attributes:
         model (`dict`): provenance: `ref`, `kind`, `repo_id`, `revision`, `commit`, `model_type`, `architecture`,
-            `dtype`, `config_only`, `checkpoint_tensor_count`, `checkpoint_bytes`.
+            `dtype`, `config_only`, `checkpoint_tensor_count`, `checkpoint_bytes`, `quantization`, `config_path`.
         shard_map (`ShardMap`): every parameter on every rank.
-        groups (`tuple[ParamGroup, ...]`): parameters grouped by generic name, in model order.
         replicated (`tuple[ReplicatedFamily, ...]`): families no rule shards, largest first.
         unused_rules (`tuple[str, ...]`): full rule keys that match nothing.
-        findings (`tuple[Finding, ...]`): sorted by severity, code, target.
+        findings (`tuple[Finding, ...]`): sorted by severity, code, target; each with its `location`.
         plan (`dict`): `tp_rules`, `ep_rules`, `override`, `injected_rules`, `dropped_tp_rules`, `text_prefix`.
-        notes (`tuple[str, ...]`): how the input was read (config only, quantizer fallback, casts).
+        notes (`tuple[str, ...]`): how the input was read (config only, quantizer fallback, casts, untested release).
         versions (`dict[str, str]`): tpaudit, transformers, torch, huggingface_hub.
-        extra (`dict`): further sections (e.g. `kv_cache`), serialised as they are.
+        kv_cache (`KVCacheSection`, *optional*), suggestion (`SuggestionSection`, *optional*),
+        baseline (`BaselineSection`, *optional*), parity (`ParityResult`, *optional*): report sections.
     """
 
     model: dict[str, Any]
     shard_map: ShardMap
-    groups: tuple[ParamGroup, ...]
     replicated: tuple[ReplicatedFamily, ...]
     unused_rules: tuple[str, ...]
     findings: tuple[Finding, ...]
     plan: dict[str, Any]
     notes: tuple[str, ...] = ()
     versions: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    kv_cache: KVCacheSection | None = None
+    suggestion: SuggestionSection | None = None
+    baseline: BaselineSection | None = None
+    parity: Any = None
     schema: str = REPORT_SCHEMA
+
+    @property
+    def groups(self) -> tuple[ParamGroup, ...]:
+        """Parameters grouped by generic name, in model order."""
+        return self.shard_map.groups
 
     @property
     def tp_size(self) -> int:
@@ -430,10 +650,14 @@ class Report:
         """True when an error-severity finding exists (`check` exits 1)."""
         return self.count("error") > 0
 
+    def summary(self) -> dict[str, int]:
+        """`{"errors", "warnings", "notes"}` counts."""
+        return {"errors": self.count("error"), "warnings": self.count("warning"), "notes": self.count("note")}
+
     def to_json(self) -> dict[str, Any]:
         """The `tpaudit/check/v1` JSON object (all sizes in bytes, as integers)."""
         sm = self.shard_map
-        return {
+        out = {
             "schema": self.schema,
             "tool": {"name": "tpaudit", "version": self.versions.get("tpaudit")},
             "versions": dict(self.versions),
@@ -450,19 +674,13 @@ class Report:
             "replicated": [f.to_json() for f in self.replicated],
             "unused_rules": list(self.unused_rules),
             "findings": [f.to_json() for f in self.findings],
-            "summary": {"errors": self.count("error"), "warnings": self.count("warning"), "notes": self.count("note")},
-            "params": [_group_json(g) for g in self.groups],
+            "summary": self.summary(),
+            "params": [g.to_json() for g in self.groups],
             "plan": self.plan,
             "notes": list(self.notes),
-            **self.extra,
         }
-
-
-def _group_json(g: ParamGroup) -> dict[str, Any]:
-    out = {"name": g.generic_name, "count": g.count, "shape": list(g.global_shape), "dtype": g.dtype,
-           "style": g.style, "rule": g.rule, "placement": g.placement, "sharding": g.sharding,
-           "local_shape": list(g.local_shape_rank0), "local_shape_last_rank": list(g.local_shape_last),
-           "bytes": g.total_bytes, "rank_bytes": list(g.rank_bytes), "origin": g.origin}
-    if g.tied_to:
-        out["tied_to"] = g.tied_to
-    return out
+        for key in ("kv_cache", "suggestion", "baseline", "parity"):
+            section = getattr(self, key)
+            if section is not None:
+                out[key] = section.to_json()
+        return out

@@ -1,24 +1,21 @@
-"""The plan as transformers resolves it for a given `tp_size` / `ep_size`.
+"""The plan as transformers resolves it for a given `tp_size` / `ep_size` (stage 3).
+
+    BuiltModel + ParallelSizes -> ResolvedPlan
 
 Source: transformers 5.23 `DistributedMixin.init_parallel_plans` (class `_tp_plan` + config `base_model_tp_plan`,
 children prefixed by their attribute path, `embed_tokens: embedding_rowwise` injected into a non-empty base plan) and
-`DistributedMixin._resolve_parallel_plans` (EP rules win over TP rules on the same modules; `*` expanded into layer
-numbers; a parameter takes its own rule, else its module's).
+`DistributedMixin._resolve_parallel_plans` (overrides merged; EP rules win over TP rules on the same modules; `*`
+expanded into layer numbers; a parameter takes its own rule, else its module's), called through the seam.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from .compat import EmptyPlanError, PlanRejectedError, backend
+from .compat.logic import ep_dropped_rules, generic_name, unused_rules
 from .errors import UsageError
-from .model import generic_name
-
-# Styles that keep a module's parameters whole on purpose (transformers 5.23 `tensor_parallel.py`): a rule with one of
-# them is an explicit replication, not a gap in the plan. `moe_tp_experts` and `local_params` are not among them:
-# their parameters need rules of their own, and one that lacks it is replicated by accident.
-EXPLICIT_REPLICATE_STYLES = frozenset({"replicate", "replicated_with_grad_allreduce", "sequence_parallel",
-                                       "mla_kv_a_proj", "all_reduce", "moe_identity_expert"})
+from .model import ParallelSizes
 
 
 @dataclass(frozen=True)
@@ -26,8 +23,9 @@ class ResolvedPlan:
     """The model's merged plans and what applying them for (tp_size, ep_size) means.
 
     Attributes:
-        tp_size (`int`), ep_size (`int`).
-        tp_rules (`dict[str, str]`): merged TP plan, full generic keys (`model.language_model.layers.*.self_attn.q_proj`).
+        sizes (`ParallelSizes`): the sizes resolved for.
+        tp_rules (`dict[str, str]`): merged TP plan, full generic keys (`model.language_model.layers.*.self_attn.q_proj`),
+            `DistributedConfig` overrides included.
         ep_rules (`dict[str, str]`): merged EP plan.
         applied_tp (`dict[str, str]`): concrete module/parameter name -> style, as `apply_tensor_parallelism` receives
             it (empty when `tp_size == 1`).
@@ -39,12 +37,11 @@ class ResolvedPlan:
         override (`dict[str, str]`, *optional*): the `--plan` rules as given, keys relative to the base model.
         text_prefix (`str`): path of the base model the plan keys are relative to (`model.language_model`).
         plan_owner (`str`): the config that owns `base_model_tp_plan` (`text_config`, or `""` for the top config).
-        loader_errors (`tuple[str, ...]`): what `from_pretrained` itself would raise for this plan (an empty plan).
+        loader_errors (`tuple[str, ...]`): what `from_pretrained` itself would raise for this plan (an empty TP plan).
         dist_overrides (`dict`, *optional*): `DistributedConfig(tp_plan=..., ep_plan=...)` overrides that were merged.
     """
 
-    tp_size: int
-    ep_size: int
+    sizes: ParallelSizes
     tp_rules: dict[str, str]
     ep_rules: dict[str, str]
     applied_tp: dict[str, str]
@@ -59,105 +56,108 @@ class ResolvedPlan:
     loader_errors: tuple[str, ...] = field(default=())
     dist_overrides: dict | None = None
 
-    def rule_for(self, name: str) -> tuple[str | None, str | None, str | None]:
-        """`(rule key, style, "tp" | "ep")` that applies to the concrete parameter `name`: its own generic name, else
-        its module's (`parallel_utils._get_parameter_plan`); EP rules first when `ep_size > 1`. All `None` when no
-        rule applies."""
-        generic = generic_name(name)
-        parent = generic.rsplit(".", 1)[0] if "." in generic else None
+    @property
+    def tp_size(self) -> int:
+        return self.sizes.tp_size
+
+    @property
+    def ep_size(self) -> int:
+        return self.sizes.ep_size
+
+    @property
+    def rules_in_force(self) -> list[tuple[str, dict[str, str]]]:
+        """`[("ep", EP rules), ("tp", TP rules without the ones EP drops)]` in lookup order (EP only when
+        `ep_size > 1`)."""
         plans = []
         if self.ep_size > 1:
             plans.append(("ep", self.ep_rules))
         plans.append(("tp", {k: v for k, v in self.tp_rules.items() if k not in self.dropped_tp_rules}))
-        for kind, rules in plans:
-            if generic in rules:
-                return generic, rules[generic], kind
-            if parent is not None and parent in rules:
-                return parent, rules[parent], kind
+        return plans
+
+    def rule_for(self, name: str) -> tuple[str | None, str | None, str | None]:
+        """`(rule key, style, "tp" | "ep")` that applies to the concrete parameter `name`: its own generic name, else
+        its module's (`compat.logic.parameter_rule`, a pinned copy of `parallel_utils._get_parameter_plan`); EP
+        rules first when `ep_size > 1`. All `None` when no rule applies."""
+        for kind, rules in self.rules_in_force:
+            key = _parameter_rule(name, rules)
+            if key is not None:
+                return key, rules[key], kind
         return None, None, None
 
+    def relative(self, key: str) -> str:
+        """A full (prefixed) rule key as a key of `base_model_tp_plan`."""
+        prefix = self.text_prefix + "." if self.text_prefix else ""
+        return key[len(prefix):] if prefix and key.startswith(prefix) else key
 
-MAX_WORLD_SIZE = 1024
-
-
-def distributed_config(tp_size: int, ep_size: int = 1, overrides: dict | None = None):
-    """`DistributedConfig(tp_size, ep_size, **overrides)`, its own validation turned into a one-line `UsageError`.
-
-    `overrides` may hold `tp_plan` / `ep_plan` dicts, which transformers merges into the model's plans.
-
-    Raises:
-        UsageError: a size < 1, or an `ep_size` transformers rejects (in 5.23 without FSDP: 1 or equal to `tp_size`).
-    """
-    if tp_size < 1:
-        raise UsageError(f"--tp {tp_size} is invalid: tp_size must be a positive integer. Pass --tp 2, 4 or 8")
-    if ep_size < 1:
-        raise UsageError(f"--ep {ep_size} is invalid: ep_size must be a positive integer. Pass --ep 1 or --ep {tp_size}")
-    if max(tp_size, ep_size) > MAX_WORLD_SIZE:
-        raise UsageError(f"--tp {tp_size} --ep {ep_size} is more ranks than tpaudit simulates (at most "
-                         f"{MAX_WORLD_SIZE}): the fake process group builds a mesh of that many ranks")
-    from transformers.distributed import DistributedConfig
-
-    try:
-        return DistributedConfig(tp_size=tp_size, ep_size=ep_size, **(overrides or {}))
-    except ValueError as e:
-        raise UsageError(f"--tp {tp_size} --ep {ep_size} is rejected by transformers: {e} Without FSDP, "
-                         f"pass --ep 1 or --ep {tp_size}") from None
+    def to_json(self) -> dict:
+        return {"text_prefix": self.text_prefix, "plan_owner": self.plan_owner or "config",
+                "tp_rules": self.tp_rules, "ep_rules": self.ep_rules, "override": self.override,
+                "injected_rules": self.injected_rules, "dropped_tp_rules": list(self.dropped_tp_rules),
+                "loader_errors": list(self.loader_errors)}
 
 
-def resolve_plan(built, tp_size: int, ep_size: int = 1, override: dict[str, str] | None = None,
-                 dist_overrides: dict | None = None) -> ResolvedPlan:
-    """Resolve `built.model`'s plans for (tp_size, ep_size) with transformers' own code.
+def _parameter_rule(name: str, rules: dict[str, str]) -> str | None:
+    from .compat.logic import parameter_rule
+
+    return parameter_rule(name, rules)
+
+
+def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None) -> ResolvedPlan:
+    """Resolve `built.model`'s plans for `sizes` with transformers' own code.
 
     Args:
-        built (`BuiltModel`): from `build.build_model`.
-        tp_size (`int`), ep_size (`int`): the sizes asked for.
-        override (`dict`, *optional*): the `--plan` rules (already applied to the config; kept for the report).
+        built (`BuiltModel`): from `build.build_model` (its current plan: see `BuiltModel.use_plan`).
+        sizes (`ParallelSizes`): validated sizes.
         dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides (merged by
             transformers into the model's plans, as at load).
 
     Returns:
-        `ResolvedPlan`.
+        `ResolvedPlan`. An empty TP plan at `tp_size > 1` is not an exception: `loader_errors` carries what
+        `from_pretrained` would raise, and TPA003 reports it.
 
     Raises:
-        UsageError: the sizes are invalid, or transformers rejects the resolved plan (e.g. a removed EP style).
+        UsageError: transformers refuses the sizes or the plan (an `ep_size` without an EP plan, an EP size it does not
+            accept, a removed style), quoting it.
     """
-    from itertools import chain
-
-    from ._compat import quiet_libraries
-
+    tf = backend()
     model = built.model
-    dc = distributed_config(tp_size, ep_size, dist_overrides)
+    try:
+        dc = tf.distributed_config(sizes.tp_size, sizes.ep_size, dist_overrides)
+    except PlanRejectedError as e:
+        raise UsageError(f"tp_size={sizes.tp_size}, ep_size={sizes.ep_size} (--tp {sizes.tp_size} --ep {sizes.ep_size}) "
+                         f"is rejected by transformers: {e.detail.rstrip('.')}. Without FSDP, pass ep_size 1 or "
+                         f"{sizes.tp_size}") from None
     applied_tp: dict[str, str] = {}
     applied_ep: dict[str, str] = {}
-    loader_errors = []
-    if tp_size > 1 or ep_size > 1:
+    loader_errors: list[str] = []
+    tp_rules, ep_rules = tf.merged_plans(model)
+    if sizes.parallel:
         try:
-            with quiet_libraries():
-                applied_tp, applied_ep, _ = model._resolve_parallel_plans(dc)
-        except ValueError as e:
-            if "was requested, but" not in str(e):  # an empty plan: from_pretrained itself refuses, a finding
-                raise UsageError(f"transformers rejects this plan at tp_size {tp_size}, ep_size {ep_size}: "
-                                 f"{e}") from None
-            loader_errors.append(f"from_pretrained raises ValueError: {str(e).split(' Pass ')[0]}")
-    tp_rules = dict(model.tp_plan or {})  # merged with the DistributedConfig overrides, as transformers does
-    ep_rules = dict(model.ep_plan or {})
-    names = {generic_name(n) for n, _ in chain(model.named_modules(), model.named_parameters())}
-    unused_tp = tuple(sorted(k for k in tp_rules if k not in names))
-    unused_ep = tuple(sorted(k for k in ep_rules if k not in names)) if ep_size > 1 else ()
-    dropped: tuple[str, ...] = ()
-    if ep_size > 1 and ep_rules and not loader_errors:
-        is_expert = re.compile(rf"(?:{'|'.join(map(re.escape, ep_rules))})(?:\..+)?").fullmatch
-        dropped = tuple(sorted(k for k in tp_rules if is_expert(k)))
+            applied_tp, applied_ep, tp_rules, ep_rules = tf.resolve_plans(model, dc)
+        except EmptyPlanError as e:
+            if e.plan != "tp":
+                raise UsageError(f"transformers refuses ep_size={sizes.ep_size} for {built.architecture}: "
+                                 f"{e.detail} Pass ep_size 1 (--ep 1)") from None
+            loader_errors.append(f"from_pretrained raises ValueError: {e.detail}")
+        except PlanRejectedError as e:
+            raise UsageError(f"transformers rejects this plan at tp_size {sizes.tp_size}, ep_size {sizes.ep_size}: "
+                             f"{e.detail}") from None
+    names = tf.model_names(model)
+    unused_tp = unused_rules(tp_rules, names)
+    unused_ep = unused_rules(ep_rules, names) if sizes.ep_size > 1 else ()
+    dropped = ep_dropped_rules(tp_rules, ep_rules) if sizes.ep_size > 1 and not loader_errors else ()
 
     prefix = built.text_prefix
     injected = {}
-    owner_config = built.config if not built.plan_owner else getattr(built.config, built.plan_owner)
-    base_plan = getattr(owner_config, "base_model_tp_plan", None) or {}
     key = f"{prefix}.embed_tokens" if prefix else "embed_tokens"
-    if key in tp_rules and "embed_tokens" not in base_plan:
+    if key in tp_rules and "embed_tokens" not in tf.base_plan(built.owner_config):
         injected[key] = tp_rules[key]
-    return ResolvedPlan(tp_size=tp_size, ep_size=ep_size, tp_rules=tp_rules, ep_rules=ep_rules,
-                        applied_tp=applied_tp, applied_ep=applied_ep, unused_tp_rules=unused_tp,
-                        unused_ep_rules=unused_ep, dropped_tp_rules=dropped, injected_rules=injected,
-                        override=override, text_prefix=prefix, plan_owner=built.plan_owner,
-                        loader_errors=tuple(loader_errors), dist_overrides=dist_overrides)
+    return ResolvedPlan(sizes=sizes, tp_rules=tp_rules, ep_rules=ep_rules, applied_tp=applied_tp,
+                        applied_ep=applied_ep, unused_tp_rules=unused_tp, unused_ep_rules=unused_ep,
+                        dropped_tp_rules=dropped, injected_rules=injected,
+                        override=built.active_override,
+                        text_prefix=prefix, plan_owner=built.plan_owner, loader_errors=tuple(loader_errors),
+                        dist_overrides=dist_overrides)
+
+
+__all__ = ["ResolvedPlan", "resolve_plan", "generic_name"]

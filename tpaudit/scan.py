@@ -57,10 +57,20 @@ def component_of(name: str) -> str | None:
 
 @dataclass
 class ScanResult:
-    """One architecture's row of the scan (JSON-serialisable via `to_json`)."""
+    """One architecture's row of the scan (JSON-serialisable via `to_json`).
+
+    Attributes:
+        model_type (`str`), status (`str`: `ok`, `no_plan`, `build_failed`, `no_model_class`),
+        architecture (`str`, *optional*), reason (`str`, *optional*): why it did not build or has no plan.
+        total_param_bytes, worst_rank_param_bytes, replicated_bytes (`int`, *optional*): as in `tpaudit/check/v1`.
+        replicated (`list[dict]`), unused_rules (`list[str]`), findings (`list[dict]`): as in the check report.
+        components (`dict`): component -> `{"bytes", "replicated_bytes"}` for the heat map.
+        parity (`dict`, *optional*): the parity section when `--parity` ran it.
+        seconds (`float`): wall time of this row.
+    """
 
     model_type: str
-    status: str                      # ok | no_plan | build_failed | no_model_class
+    status: str
     architecture: str | None = None
     reason: str | None = None
     total_param_bytes: int | None = None
@@ -70,87 +80,94 @@ class ScanResult:
     unused_rules: list[str] = field(default_factory=list)
     findings: list[dict] = field(default_factory=list)
     components: dict[str, dict[str, int]] = field(default_factory=dict)
+    parity: dict | None = None
     seconds: float = 0.0
 
     @property
     def errors(self) -> int:
+        """Error-severity findings of this model type."""
         return sum(1 for f in self.findings if f.get("severity") == "error")
 
+    @property
+    def failing(self) -> bool:
+        """It does not build, or it has an error finding (what the CI gate fails on)."""
+        return self.status == "build_failed" or self.errors > 0
+
+    @property
+    def replicated_share(self) -> float | None:
+        """Replicated bytes over the model's bytes (`None` when it did not build)."""
+        if not self.total_param_bytes:
+            return None
+        return (self.replicated_bytes or 0) / self.total_param_bytes
+
+    def error_families(self, limit: int = 3) -> str:
+        """The replicated families with an error finding, the first `limit` of them, and how many more."""
+        errs = [r["name"] for r in self.replicated if r.get("severity") == "error"]
+        text = ", ".join(errs[:limit])
+        return text + (f" (+{len(errs) - limit})" if len(errs) > limit else "")
+
     def to_json(self) -> dict[str, Any]:
-        return {"model_type": self.model_type, "status": self.status, "architecture": self.architecture,
-                "reason": self.reason, "total_param_bytes": self.total_param_bytes,
-                "worst_rank_param_bytes": self.worst_rank_param_bytes, "replicated_bytes": self.replicated_bytes,
-                "replicated": self.replicated, "unused_rules": self.unused_rules, "findings": self.findings,
-                "components": self.components, "seconds": round(self.seconds, 3)}
+        out = {"model_type": self.model_type, "status": self.status, "architecture": self.architecture,
+               "reason": self.reason, "total_param_bytes": self.total_param_bytes,
+               "worst_rank_param_bytes": self.worst_rank_param_bytes, "replicated_bytes": self.replicated_bytes,
+               "replicated": self.replicated, "unused_rules": self.unused_rules, "findings": self.findings,
+               "components": self.components, "seconds": round(self.seconds, 3)}
+        if self.parity is not None:
+            out["parity"] = self.parity
+        return out
+
+    @classmethod
+    def from_json(cls, row: dict) -> "ScanResult":
+        """The row a worker process sent back."""
+        return cls(**{k: row.get(k) for k in ("model_type", "status", "architecture", "reason", "total_param_bytes",
+                                              "worst_rank_param_bytes", "replicated_bytes", "parity")},
+                   replicated=row.get("replicated") or [], unused_rules=row.get("unused_rules") or [],
+                   findings=row.get("findings") or [], components=row.get("components") or {},
+                   seconds=row.get("seconds") or 0.0)
 
 
 def model_types() -> list[str]:
     """Every model type transformers registers a config for."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from .compat import backend
 
-    return sorted(CONFIG_MAPPING.keys())
-
-
-def _model_class_names(model_type: str, config_cls) -> list[str]:
-    """Candidate model classes, most useful first: causal LM, image-text-to-text, base model. A composite config
-    (one with a `text_config`) tries its image-text-to-text class first: its causal-LM class often expects the text
-    config alone."""
-    from transformers.models.auto import modeling_auto as auto
-
-    names = []
-    mappings = [auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-                auto.MODEL_MAPPING_NAMES]
-    if "text_config" in (getattr(config_cls, "sub_configs", None) or {}):
-        mappings[0], mappings[1] = mappings[1], mappings[0]
-    for mapping in mappings:
-        name = mapping.get(model_type)
-        if isinstance(name, (list, tuple)):
-            name = name[0]
-        if name and name not in names:
-            names.append(name)
-    return names
+    return sorted(backend().config_classes().keys())
 
 
-def _has_plan(config_cls, model_cls) -> bool:
-    """Whether the config class, one of its sub-config classes, or the model class declares a TP/EP plan."""
-    classes = [config_cls] + [c for c in (getattr(config_cls, "sub_configs", None) or {}).values() if c is not None]
-    for c in classes:
-        if getattr(c, "base_model_tp_plan", None) or getattr(c, "base_model_ep_plan", None):
-            return True
-    return bool(getattr(model_cls, "_tp_plan", None))
-
-
-def scan_one(model_type: str, tp_size: int) -> ScanResult:
+def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
     """Build `model_type`'s default config on the meta device at full depth and simulate it at `tp_size`. Never
-    raises: failures become `build_failed` rows."""
+    raises: failures become `build_failed` rows.
+
+    Args:
+        model_type (`str`): a key of transformers' `CONFIG_MAPPING`.
+        tp_size (`int`): the tensor-parallel size.
+        parity (`"off" | "auto" | "on"`): the parity check (`scan --parity` runs it where the plan needs evidence).
+    """
     start = time.perf_counter()
     try:
-        import transformers
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-        from ._compat import quiet_libraries
-        from .audit import audit_source
+        from .audit import Audit
+        from .build import BuildOptions
+        from .compat import backend
         from .errors import TpauditError
-        from .model import ModelSource
+        from .model import ModelSource, ParallelSizes
 
-        config_cls = CONFIG_MAPPING[model_type]
-        classes = [(n, getattr(transformers, n)) for n in _model_class_names(model_type, config_cls)
-                   if hasattr(transformers, n)]
+        tf = backend()
+        config_cls = tf.config_classes()[model_type]
+        classes = [(n, c) for n in tf.model_class_names(model_type, config_cls)
+                   if (c := tf.model_class_by_name(n)) is not None]
         if not classes:
             return ScanResult(model_type, "no_model_class", reason="no causal-LM, image-text-to-text or base model "
                                                                    "class", seconds=time.perf_counter() - start)
-        if not any(_has_plan(config_cls, cls) for _, cls in classes):
+        if not any(tf.declares_plan(config_cls, cls) for _, cls in classes):
             return ScanResult(model_type, "no_plan", architecture=classes[0][0],
                               reason="no base_model_tp_plan, base_model_ep_plan or class-level _tp_plan",
                               seconds=time.perf_counter() - start)
-        with quiet_libraries():
-            config = config_cls()
+        config = tf.config_from_class(model_type)
         source = ModelSource(ref=model_type, kind="local", config={"model_type": model_type})
         report, failure, class_name = None, None, classes[0][0]
         for class_name, _ in classes:  # the first class that builds from the default config
             try:
-                report = audit_source(source, tp_size=tp_size, architecture=class_name, config=config,
-                                      dtype="bfloat16")
+                audit = Audit(source, BuildOptions(architecture=class_name, config=config, dtype="bfloat16"))
+                report = audit.report(ParallelSizes.of(tp_size), parity=parity)
                 break
             except TpauditError as e:
                 failure = failure or (class_name, str(e)[:300])
@@ -174,16 +191,17 @@ def scan_one(model_type: str, tp_size: int) -> ScanResult:
             replicated=[{"name": f.name, "bytes": f.bytes, "count": f.count, "severity": f.severity}
                         for f in report.replicated],
             unused_rules=list(report.unused_rules), findings=[f.to_json() for f in report.findings],
-            components=components, seconds=time.perf_counter() - start)
-    except Exception as e:  # noqa: BLE001 - one architecture never stops the scan
+            components=components, parity=report.parity.to_json() if report.parity is not None else None,
+            seconds=time.perf_counter() - start)
+    except Exception as e:  # noqa: BLE001 - one architecture never stops the survey
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         return ScanResult(model_type, "build_failed", reason=f"{type(e).__name__}: {first}",
                           seconds=time.perf_counter() - start)
 
 
-def _worker(args: tuple[list[str], int]) -> list[dict]:
-    types, tp_size = args
-    return [scan_one(t, tp_size).to_json() for t in types]
+def _worker(args: tuple[list[str], int, str]) -> list[dict]:
+    types, tp_size, parity = args
+    return [scan_one(t, tp_size, parity).to_json() for t in types]
 
 
 def _worker_init() -> None:
@@ -194,40 +212,51 @@ def _worker_init() -> None:
 
 @dataclass
 class ScanReport:
-    """Every scanned model type's row (`ScanResult.to_json()` dicts, sorted by model type) and how the scan ran."""
+    """Every scanned model type's row, sorted by model type, and how the scan ran.
+
+    Attributes:
+        tp_size (`int`), models (`list[ScanResult]`), versions (`dict`), selected (`list[str]`, *optional*): the model
+        types asked for (`None`: all), seconds (`float`).
+    """
 
     tp_size: int
-    models: list[dict]
+    models: list[ScanResult]
     versions: dict[str, str]
     selected: list[str] | None
     seconds: float
 
-    def to_json(self) -> dict[str, Any]:
+    @property
+    def counts(self) -> dict[str, int]:
+        """Rows by status."""
         counts: dict[str, int] = {}
         for m in self.models:
-            counts[m["status"]] = counts.get(m["status"], 0) + 1
+            counts[m.status] = counts.get(m.status, 0) + 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
         return {"schema": SCAN_SCHEMA, "tp_size": self.tp_size, "versions": self.versions,
-                "selected": self.selected, "seconds": round(self.seconds, 1), "counts": counts,
-                "models": self.models}
+                "selected": self.selected, "seconds": round(self.seconds, 1), "counts": self.counts,
+                "models": [m.to_json() for m in self.models]}
 
 
-def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | None = None) -> ScanReport:
+def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | None = None,
+         parity: str = "off") -> ScanReport:
     """Scan `selected` model types (default: all) at `tp_size` with `jobs` worker processes.
 
     Raises:
         UsageError: an unknown model type, or an invalid tp_size.
+        UnsupportedVersionError: the installed transformers lacks what the seam calls.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from . import __version__
-    from ._compat import check_versions
+    from .compat import versions as installed_versions
     from .errors import UsageError
-    from .plan import distributed_config
+    from .model import ParallelSizes
 
     start = time.perf_counter()
-    versions = {"tpaudit": __version__, **check_versions()}
-    distributed_config(tp_size)
+    ParallelSizes.of(tp_size)
+    versions = installed_versions()
     all_types = model_types()
     if selected:
         unknown = [t for t in selected if t not in all_types]
@@ -244,12 +273,12 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
     if jobs > 1 and len(types) <= 4 and selected is not None:
         jobs = 1  # starting workers (each imports torch and transformers) costs more than a few models
     if jobs == 1:
-        rows = [scan_one(t, tp_size).to_json() for t in types]
+        rows = [scan_one(t, tp_size, parity) for t in types]
     else:
-        chunks = [(types[i::jobs], tp_size) for i in range(jobs)]
+        chunks = [(types[i::jobs], tp_size, parity) for i in range(jobs)]
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_worker_init) as pool:
-            rows = [row for part in pool.map(_worker, chunks) for row in part]
-    rows.sort(key=lambda r: r["model_type"])
+            rows = [ScanResult.from_json(row) for part in pool.map(_worker, chunks) for row in part]
+    rows.sort(key=lambda r: r.model_type)
     return ScanReport(tp_size=tp_size, models=rows, versions=versions, selected=selected,
                       seconds=time.perf_counter() - start)

@@ -186,6 +186,21 @@ class SizeReport:
         }
 
 
+def _kv_heads_split(kv: dict | None) -> str | None:
+    """Why an option is invalid because its plan splits a KV head (ranks would hold a fraction of a head), from the
+    KV-cache section's per-rank heads; `None` when every rank holds whole heads."""
+    if not kv:
+        return None
+    heads = kv["kv_heads_per_rank"] if isinstance(kv["kv_heads_per_rank"], list) else [kv["kv_heads_per_rank"]]
+    split = [h for h in heads if not float(h).is_integer()]
+    if not split:
+        return None
+    whole = kv["kv_heads"] if isinstance(kv["kv_heads"], list) else [kv["kv_heads"]]
+    return (f"the plan splits a KV head: the {' / '.join(str(h) for h in whole)} KV heads leave ranks "
+            f"{', '.join(f'{h:g}' for h in split)} KV heads in some layers, so the KV cache and the sharded attention "
+            "disagree (TPA102)")
+
+
 def _kv_bytes(kv: dict, rank: int, context: int, batch: int, scale: float) -> int:
     full = kv["full_context_bytes_per_token_per_rank"][rank] * context
     windowed = sum(per_rank[rank] * min(int(w), context) for w, per_rank in kv["window_bytes_per_token_by_window"].items())
@@ -222,17 +237,14 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     """
     import torch
 
-    from . import __version__
-    from ._compat import check_versions
-    from .audit import audit_source
+    from .audit import Audit
+    from .build import BuildOptions
+    from .model import MAX_WORLD_SIZE, ParallelSizes
 
     if context < 1 or batch < 1:
         raise UsageError(f"--context {context} / --batch {batch} must be positive integers")
     overhead = overhead or OverheadPolicy()
-    versions = {"tpaudit": __version__, **check_versions()}
     ep_sizes = ep_sizes or [1]
-    from .plan import MAX_WORLD_SIZE
-
     for flag, values in (("--tp", tp_sizes), ("--ep", ep_sizes)):
         if any(v < 1 or v > MAX_WORLD_SIZE for v in values):
             raise UsageError(f"{flag} {','.join(map(str, values))}: each size must be between 1 and {MAX_WORLD_SIZE}")
@@ -240,17 +252,19 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     if not combos:
         raise UsageError(f"no (tp, ep) pair to try: --ep {ep_sizes} must be 1 or equal to one of --tp {tp_sizes} "
                          "(transformers 5.23 without FSDP)")
+    audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
+                                       trust_remote_code=trust_remote_code, dtype=dtype))
+    versions = audit.versions
     options, model_info, notes, kv_name = [], None, set(), kv_dtype
     for tp, ep in combos:
         try:
-            report = audit_source(source, tp_size=tp, ep_size=ep, plan_override=plan_override,
-                                  architecture=architecture, trust_remote_code=trust_remote_code, dtype=dtype)
+            report = audit.report(ParallelSizes.of(tp, ep), parity="off")
         except UsageError as e:
             options.append(SizeOption(tp, ep, False, str(e), (), 0, capacity_bytes, 0))
             continue
         model_info = model_info or report.model
         notes.update(report.notes)
-        kv = report.extra.get("kv_cache")
+        kv = report.kv_cache.to_json() if report.kv_cache is not None else None
         kv_name = kv_dtype or (kv["dtype"] if kv else report.model["dtype"])
         kv_torch = getattr(torch, kv_name, None) if kv_name else None
         if not isinstance(kv_torch, torch.dtype) or not kv_torch.is_floating_point:
@@ -263,8 +277,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         ranks = tuple(RankMemory(r, report.rank_param_bytes[r],
                                  _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
                       for r in range(report.shard_map.world_size))
-        kv_findings = [f for f in report.findings if f.code == "TPA102"]
-        reason = kv_findings[0].message if kv_findings else None
+        reason = _kv_heads_split(kv)
         per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
         options.append(SizeOption(tp, ep, reason is None, reason, ranks, per_token, capacity_bytes,
                                   report.total_param_bytes,

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 def sibling_plans() -> dict[str, dict[str, str]]:
     """model_type -> `base_model_tp_plan` of every config class transformers registers that has one (a few seconds:
     it imports every config module)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from .compat import backend
 
-    from ._compat import quiet_libraries
-
+    tf = backend()
+    mapping = tf.config_classes()
     out = {}
-    with quiet_libraries():
-        for model_type in list(CONFIG_MAPPING.keys()):
+    with tf.quiet():
+        for model_type in list(mapping.keys()):
             try:
-                plan = getattr(CONFIG_MAPPING[model_type], "base_model_tp_plan", None)
+                plan = getattr(mapping[model_type], "base_model_tp_plan", None)
             except Exception:  # noqa: BLE001 - a config module that cannot import here casts no vote
                 continue
             if isinstance(plan, dict) and plan:
@@ -140,3 +140,75 @@ def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Sugge
         lines.append(f'    "{s.key}": "{s.style}",  # added: as in {s.votes} plan(s), e.g. {", ".join(s.voters[:3])}')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
+    """`report` with a `suggestion` section: rules proposed for its error-severity replicated families
+    (`suggest_rules`), applied to the same built model and re-simulated (`Audit.report` with the candidate plan), the
+    before/after compared. A second round proposes rules for what the first left replicated (transformers adds
+    `embed_tokens: embedding_rowwise` by itself once a plan exists, so the input embedding is only proposed when that
+    did not happen). The model is put back on its own plan afterwards.
+
+    Args:
+        audit (`Audit`): the pipeline that produced `report` (its built model is reused, not rebuilt).
+        report (`Report`): the first simulation.
+        sizes (`ParallelSizes`), options (`CheckOptions`), dist_overrides (`dict`): as for `Audit.report`.
+
+    Returns:
+        A copy of `report` with `suggestion` set (`SuggestionSection`).
+    """
+    import dataclasses
+
+    from .model import SuggestionSection
+
+    built = audit.built
+    prefix = built.text_prefix + "." if built.text_prefix else ""
+    if built.instance_plans:  # a model object: its merged plan, not its config class's, is the one in force
+        tp_rules = report.plan["tp_rules"]
+        injected = report.plan["injected_rules"]
+        base_plan = {k[len(prefix):]: v for k, v in tp_rules.items() if k.startswith(prefix) and k not in injected}
+    else:
+        base_plan = built.base_plan
+    layouts = {built.relative_key(_generic(name)): f for name, f in built.modules.items()
+               if f.is_transposed or f.is_concatenated is False}
+
+    def rerun(plan):
+        return audit.report(sizes, plan=plan, options=options, dist_overrides=dist_overrides)
+
+    def summary(r) -> dict:
+        return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,
+                "errors": r.count("error"), "warnings": r.count("warning")}
+
+    suggestions, unresolved = suggest_rules(report, base_plan, built.text_prefix, layouts, defer={"embed_tokens"})
+    dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
+    dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
+    base_plan = {k: v for k, v in base_plan.items() if k not in dead}
+    fields = dict(rules={s.key: s.style for s in suggestions}, removed=sorted(dead), unresolved=unresolved,
+                  voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
+                  before=summary(report))
+    if suggestions:
+        plan = {**base_plan, **{s.key: s.style for s in suggestions}}
+        try:
+            after = rerun(plan)
+            more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts)
+            if more:
+                suggestions += more
+                plan.update({s.key: s.style for s in more})
+                after = rerun(plan)
+        finally:
+            built.use_plan(None)
+        before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
+        fields.update(
+            unresolved=sorted(set(unresolved) | set(unresolved_more)),
+            rules={s.key: s.style for s in suggestions},
+            voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
+            after=summary(after), plan=plan, snippet=snippet(built.owner_class, base_plan, suggestions, sorted(dead)),
+            new_errors=[f.to_json() for f in after.findings
+                        if f.severity == "error" and f.fingerprint not in before_errors])
+    return dataclasses.replace(report, suggestion=SuggestionSection(**fields))
+
+
+def _generic(name: str) -> str:
+    from .compat.logic import generic_name
+
+    return generic_name(name)

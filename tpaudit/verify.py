@@ -88,7 +88,7 @@ def load_and_measure(spec: dict) -> dict:
         import transformers
         from transformers.distributed import DistributedConfig
 
-        from .build import _model_class, load_config
+        from .build import load_config, model_class
         from .model import ModelSource
         from .sources.local import read_config
 
@@ -96,7 +96,7 @@ def load_and_measure(spec: dict) -> dict:
         source = ModelSource(ref=spec["path"], kind="local", config=read_config(config_path),
                              config_dir=str(config_path.parent))
         config = load_config(source, trust_remote_code=spec.get("trust_remote_code", False))
-        cls = _model_class(config, spec.get("architecture"), spec.get("trust_remote_code", False))
+        cls, _ = model_class(config, spec.get("architecture"), spec.get("trust_remote_code", False))
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         record["device"] = device_type
         kwargs = {"distributed_config": DistributedConfig(tp_size=spec["tp_size"], ep_size=spec["ep_size"])}
@@ -175,11 +175,14 @@ def compare(shard_map, records: list[dict]) -> tuple[list[dict], list[dict]]:
 def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architecture: str | None,
             trust_remote_code: bool):
     """The static prediction for the directory the ranks loaded (the same checkpoint headers)."""
-    from .audit import audit_source
+    from .audit import Audit
+    from .build import BuildOptions
+    from .model import ParallelSizes
     from .sources import open_source
 
-    return audit_source(open_source(path), tp_size=tp_size, ep_size=ep_size, dtype=dtype, architecture=architecture,
-                        trust_remote_code=trust_remote_code)
+    audit = Audit(open_source(path), BuildOptions(dtype=dtype, architecture=architecture,
+                                                  trust_remote_code=trust_remote_code))
+    return audit.report(ParallelSizes.of(tp_size, ep_size), parity="off")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -301,15 +304,16 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
     Raises:
         UsageError, LaunchError, LoadFailedError: bad input, torchrun not starting, a rank failing to load.
     """
-    from . import __version__
-    from ._compat import check_versions
-
     import math
 
-    versions = {"tpaudit": __version__, **check_versions()}
+    from .compat import versions as installed_versions
+
+    versions = installed_versions()
     if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and 0 < timeout <= 7 * 86400):
         raise UsageError(f"--timeout {timeout} must be a positive number of seconds (at most a week)")
-    world = max(tp_size, ep_size)
+    from .model import ParallelSizes
+
+    world = ParallelSizes.of(tp_size, ep_size).world_size
     nproc = world if nproc is None else nproc
     if nproc != world:
         raise UsageError(f"--nproc {nproc} must equal the world size max(--tp, --ep) = {world} (transformers 5.23 "
@@ -322,9 +326,6 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
         if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
             raise UsageError(f"--device cuda needs {nproc} visible GPU(s); this machine has "
                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}. Use --device cpu")
-    from .plan import distributed_config
-
-    distributed_config(tp_size, ep_size)
     with tempfile.TemporaryDirectory(prefix="tpaudit-verify-") as tmp:
         workdir = Path(tmp)
         path, notes = prepare_model_dir(ref, zero_weights=zero_weights, revision=revision, token=token,
@@ -348,8 +349,7 @@ def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, ar
     None, exit code)`."""
     import torch.distributed as dist
 
-    from . import __version__
-    from ._compat import check_versions
+    from .compat import versions as installed_versions
 
     record = load_and_measure({"path": ref, "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype,
                                "architecture": architecture, "trust_remote_code": trust_remote_code})
@@ -369,7 +369,7 @@ def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, ar
             ranks, mismatches = compare(report.shard_map, records)
             result = VerifyResult(tp_size, ep_size, ranks, mismatches,
                                   model={"ref": ref, "architecture": report.model.get("architecture")},
-                                  versions={"tpaudit": __version__, **check_versions()})
+                                  versions=installed_versions())
             code = 0 if result.match else 1
     box = [code]
     dist.broadcast_object_list(box, src=0)

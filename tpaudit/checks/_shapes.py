@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
+from ..compat.logic import linear_styles, style_axis
 from ..model import ParamShard
 
 Q_LEAVES = {"q_proj", "q_b_proj", "query", "wq", "kv_b_proj"}          # split per attention head (query side)
@@ -15,10 +16,9 @@ O_LEAVES = {"o_proj", "wo"}
 ATTENTION_PARENTS = {"self_attn", "attn", "attention", "cross_attn"}
 FUSED_GATE_UP = {"gate_up_proj", "w13", "gate_up", "fc1_gate_up"}
 
-# transformers 5.23 styles by the logical axis of a linear layer they split (tensor_parallel.py).
-OUT_STYLES = {"colwise", "colwise_gather_output", "colwise_rep", "packed_colwise"}
-IN_STYLES = {"rowwise", "rowwise_split_input", "rowwise_rep", "packed_rowwise"}
-GATHERED_STYLES = {"colwise_gather_output", "colwise_rep"}                # output gathered back to whole
+# Styles by the logical axis of a linear layer they split: a pinned copy of transformers' placements.
+OUT_STYLES = {s for s in linear_styles() if style_axis(s) == "out"}
+IN_STYLES = {s for s in linear_styles() if style_axis(s) == "in"}
 
 
 def chunk(n: int, parts: int, rank: int) -> int:
@@ -118,9 +118,7 @@ def quant_scheme(config) -> QuantScheme | None:
     return QuantScheme(method)
 
 
-QUANT_SUFFIXES = ("_scale_inv", "_scale", "_packed", "_shape", "_g_idx", "_zero_point", "_blocks", "_scales")
-QUANT_LEAVES = {"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_packed",
-                "weight_shape", "weight_g_idx", "weight_zero_point", "input_scale", "activation_scale"}
+from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -182,8 +180,8 @@ def quant_units(ctx) -> Iterator[QuantUnit]:
     """Every quantized linear map of the model (a module with quantization tensors, or a fused experts parameter with
     its scales), grouped by generic name, with its logical sizes and the style that shards it."""
     groups: dict[tuple[str, bool], list[ParamShard]] = {}
-    for p in ctx.shard_map.params:
-        groups.setdefault(_unit_key(p), []).append(p)
+    for g in ctx.shard_map.groups:  # one representative (the first layer's) per generic name
+        groups.setdefault(_unit_key(g.first), []).append(g.first)
     for (key, module_level), members in groups.items():
         if not any(_is_companion(m) for m in members):
             continue

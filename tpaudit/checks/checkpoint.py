@@ -9,13 +9,16 @@ from ..model import Finding, generic_name  # noqa: F401
 from .registry import CheckContext, rule
 
 
-@rule("TPA301", "unmapped_checkpoint_tensor", severity="warning")
+@rule("TPA301", "unmapped_checkpoint_tensor", severity="warning", points_at="checkpoint")
 def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     """A checkpoint tensor that maps to no parameter of the model.
 
     **What it detects**
     After the loader's own renaming (`conversion_mapping`, base-model prefix), a checkpoint key that names no
-    parameter and no module of the runtime model, so `from_pretrained` reports it as unexpected and drops it.
+    parameter of the runtime model, so `from_pretrained` reports it as unexpected and drops it: a part the model
+    class does not implement, or a stray tensor (a `q_proj.bias` in a bias-free model). Such tensors are never added
+    to the model (only the quantization tensors of a quantized checkpoint whose quantizer cannot run here are), so
+    they change no byte count.
 
     **Why it matters**
     No plan rule can shard what is never loaded, and its bytes are not on any rank; often it is a part of the
@@ -64,7 +67,7 @@ def _missing_root(ctx: CheckContext, renamed: str) -> str:
     return renamed
 
 
-@rule("TPA302", "missing_checkpoint_tensor", severity="warning")
+@rule("TPA302", "missing_checkpoint_tensor", severity="warning", points_at="checkpoint")
 def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     """A model parameter that no checkpoint tensor loads.
 
@@ -97,3 +100,44 @@ def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
             message=f"{len(names)} parameter(s) `{generic}` have no checkpoint tensor: the loader initialises them",
             fix="Check the checkpoint revision and the model class",
             facts={"count": len(names), "example": names[0]})
+
+
+@rule("TPA303", "checkpoint_shape_mismatch", points_at="checkpoint")
+def check_checkpoint_shape_mismatch(ctx: CheckContext) -> Iterable[Finding]:
+    """A checkpoint tensor whose shape, after the loader's conversions, is not its parameter's.
+
+    **What it detects**
+    The checkpoint's tensors for a parameter, run through transformers' own conversion ops (per-expert merges,
+    transposes) on meta tensors, give a shape other than the one the config builds: the classic "I edited
+    config.json, the checkpoint is the old one". `from_pretrained` stops on it ("size mismatch", unless
+    `ignore_mismatched_sizes`).
+
+    **Why it matters**
+    The model cannot load as configured, and every byte and shard the report predicts is for a model that does not
+    match its weights: `tpaudit verify` would fail on the same input.
+
+    **Example**
+    `config.json` says `intermediate_size: 14336` while the checkpoint's `mlp.gate_proj.weight` is `[11008, 4096]`.
+
+    **Fix**
+    Restore the config that matches the checkpoint (or re-save the checkpoint from the model the config describes).
+
+    **References**
+    transformers `core_model_loading.py` (`set_param_for_module`: mismatched keys).
+    """
+    mapping = ctx.mapping
+    if mapping is None or not mapping.shape_mismatches:
+        return
+    by_family = defaultdict(list)
+    for m in mapping.shape_mismatches:
+        by_family[generic_name(m.name)].append(m)
+    for family, items in sorted(by_family.items()):
+        m = items[0]
+        yield Finding(
+            code="TPA303", kind="checkpoint_shape_mismatch", severity="error", target=family,
+            message=(f"`{family}`: the checkpoint gives shape {list(m.checkpoint_shape)} (from `{m.checkpoint_names[0]}`"
+                     f"{' and more' if len(m.checkpoint_names) > 1 else ''}) but the config builds "
+                     f"{list(m.model_shape)}; from_pretrained stops with a size mismatch"),
+            fix="Use the config.json that matches this checkpoint",
+            facts={"checkpoint_shape": list(m.checkpoint_shape), "model_shape": list(m.model_shape),
+                   "example": m.checkpoint_names[0]})

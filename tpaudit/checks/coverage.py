@@ -7,36 +7,47 @@ import re
 from collections import defaultdict
 from typing import Iterable
 
-from ..model import Finding, ParamShard
+from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
+from ..model import Finding, ParamGroup, why_unsharded
 from .registry import CheckContext, rule
 
 _ROUTER_LEAF = re.compile(r"(^|_)(gate|router)$")
 _ROUTER_TYPE = re.compile(r"Router|TopK|Topk|MoeGate|MoEGate")
+_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
-def is_router(p: ParamShard) -> bool:
-    """A MoE router/gate weight (`mlp.gate`, `mlp.router`, `shared_expert_gate`): transformers keeps them whole."""
+def kept_whole_by_design(ctx: CheckContext, g: ParamGroup) -> str | None:
+    """Why serving engines and transformers keep this weight whole on purpose, or `None` for a weight the plan
+    exists for. One policy for every architecture:
+
+    - **router/gate**: the module's output is the expert count (`num_experts`, `num_local_experts`,
+      `n_routed_experts`) or a single score (`shared_expert_gate`), or its module is a router class;
+    - **MLA down-projection**: the module's output is the low rank of DeepSeek-style attention (`q_lora_rank`, or
+      `kv_lora_rank + qk_rope_head_dim` for `kv_a_proj_with_mqa`): small, and followed by a norm over the whole rank;
+    - **convolution**: a `Conv1d/2d/3d` kernel.
+
+    The sizes come from the config, not the parameter's name; the router module's name is a fallback for routers
+    whose expert count the config names differently.
+    """
+    from ..configs import value
+
+    p = g.first
+    facts = ctx.module_of(p.name)
+    out_features = facts.out_features if facts is not None else (p.global_shape[-2] if p.ndim >= 2 else None)
+    cfg = ctx.text_config
+    experts = {value(cfg, n) for n in _EXPERT_COUNTS} - {None}
+    if p.module_type.startswith("Conv") or any(f"Conv{d}d" in p.module_type for d in (1, 2, 3)):
+        return "convolution"
+    if experts and (out_features in experts or (out_features == 1 and p.ndim == 2)):
+        return "router/gate"
     module_leaf = p.name.rsplit(".", 2)[-2] if p.name.count(".") >= 1 else ""
-    return bool(_ROUTER_LEAF.search(module_leaf) or _ROUTER_TYPE.search(p.module_type))
-
-
-def is_conv(p: ParamShard) -> bool:
-    """A convolution kernel (`Conv1d/2d/3d` modules): transformers keeps them whole."""
-    return p.module_type.startswith("Conv") or "Conv1d" in p.module_type or "Conv2d" in p.module_type \
-        or "Conv3d" in p.module_type
-
-
-def is_projection(ctx: CheckContext, p: ParamShard) -> bool:
-    """A weight whose size the plan exists for: 2-D or more, in the decoder stack or the `lm_head`, not a router
-    and not a convolution kernel (severity convention of ../shared/cases/README.md)."""
-    return p.ndim >= 2 and ctx.in_decoder(p.name) and not is_router(p) and not is_conv(p)
-
-
-def replicated_params(ctx: CheckContext) -> list[ParamShard]:
-    """Parameters every rank holds whole because nothing shards them (tied copies excluded). Empty at world size 1."""
-    if ctx.shard_map.world_size == 1:
-        return []
-    return [p for p in ctx.shard_map.params if p.sharding == "unsharded" and p.tied_to is None]
+    if _ROUTER_LEAF.search(module_leaf) or _ROUTER_TYPE.search(p.module_type):
+        return "router/gate"
+    q_rank, kv_rank, rope = value(cfg, "q_lora_rank"), value(cfg, "kv_lora_rank"), value(cfg, "qk_rope_head_dim")
+    ranks = {q_rank, kv_rank, (kv_rank + rope) if isinstance(kv_rank, int) and isinstance(rope, int) else None}
+    if isinstance(kv_rank, int) and out_features in ranks - {None}:
+        return "MLA low-rank down-projection"
+    return None
 
 
 def tower_root(ctx: CheckContext, name: str) -> str:
@@ -49,32 +60,34 @@ def tower_root(ctx: CheckContext, name: str) -> str:
     return ".".join(parts[: i + 1])
 
 
-def rule_key_for(p: ParamShard) -> tuple[str, str]:
-    """`(generic key, "module" | "parameter")` of the rule that would shard `p`: the module path for a module's
-    `weight`/`bias` and its quantization tensors (`layers.*.self_attn.q_proj`, which they follow), the parameter path
-    for a bare parameter (`layers.*.mlp.experts.gate_up_proj`; its `_scale_inv` follows it the same way)."""
-    from ._shapes import QUANT_LEAVES, QUANT_SUFFIXES
-
-    module, _, leaf = p.generic_name.rpartition(".")
+def rule_key_for(generic: str) -> tuple[str, str]:
+    """`(generic key, "module" | "parameter")` of the rule that would shard a parameter: the module path for a
+    module's `weight`/`bias` and its quantization tensors (`layers.*.self_attn.q_proj`, which they follow), the
+    parameter path for a bare parameter (`layers.*.mlp.experts.gate_up_proj`; its `_scale_inv` follows it)."""
+    module, _, leaf = generic.rpartition(".")
     if module and (leaf in ("weight", "bias") or leaf in QUANT_LEAVES or leaf.startswith("weight_")):
         return module, "module"
     for suffix in QUANT_SUFFIXES:
         if leaf.endswith(suffix) and len(leaf) > len(suffix):
             return f"{module}.{leaf[: -len(suffix)]}", "parameter"
-    return p.generic_name, "parameter"
+    return generic, "parameter"
 
 
-def _why(p: ParamShard) -> str:
-    if p.rule is None:
-        return "no rule matches"
-    return f"rule `{p.rule}: {p.style}` does not shard parameters"
-
-
-def _groups(params: Iterable[ParamShard]) -> dict[str, list[ParamShard]]:
-    out: dict[str, list[ParamShard]] = defaultdict(list)
-    for p in params:
-        out[p.generic_name].append(p)
+def _units(groups: Iterable[ParamGroup]) -> dict[str, list[ParamGroup]]:
+    """Groups by the rule key that would shard them: a weight and its quantization tensors are one unit."""
+    out: dict[str, list[ParamGroup]] = defaultdict(list)
+    for g in groups:
+        out[rule_key_for(g.generic_name)[0]].append(g)
     return out
+
+
+def _lead(members: list[ParamGroup]) -> ParamGroup:
+    """The group that names a unit: its weight, not a scale or a bias."""
+    for g in members:
+        leaf = g.generic_name.rpartition(".")[2]
+        if not is_quant_tensor_name(leaf) and leaf != "bias":
+            return g
+    return members[0]
 
 
 @rule("TPA001", "replicated_weight")
@@ -85,8 +98,15 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
     A 2-D (or larger) projection weight of the text model or the `lm_head` (attention, linear attention, MLP, routed
     or shared experts, input embedding) that is a plain tensor after transformers applies the plan: no rule names
     the parameter or its module, or the rule that does has a style that does not shard parameters (`moe_tp_experts`
-    on the experts module). Routers, norms, biases, convolution kernels and vision/audio towers are reported as
-    notes: transformers keeps them whole by design.
+    on the experts module). A weight's quantization tensors (`weight_scale_inv`, `weight_packed`, ...) are part of
+    its finding, not findings of their own.
+
+    Weights kept whole by design are **notes**, with their bytes, under one policy for every architecture: MoE
+    routers and gates (their output is the expert count or one score), the low-rank down-projections of MLA attention
+    (`q_a_proj`, `kv_a_proj_with_mqa`: their output is `q_lora_rank` / `kv_lora_rank + qk_rope_head_dim`, which
+    serving engines replicate on purpose) and their norms, convolution kernels, and vision/audio towers and
+    projectors (transformers' plans never cover them). Norms, biases and other vectors are listed in the report's
+    `replicated` section without a finding.
 
     **Why it matters**
     Each rank pays the weight's full size at any `tp_size`. Qwen3-VL-30B-A3B with no `mlp.experts.*` rules keeps all
@@ -107,43 +127,46 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
     (`_get_parameter_plan`); huggingface/transformers#48308, #48354.
     """
     world = ctx.shard_map.world_size
-    params = replicated_params(ctx)
-    errors = [p for p in params if is_projection(ctx, p)]
-    for generic, members in sorted(_groups(errors).items()):
-        total = sum(p.global_bytes for p in members)
-        first = members[0]
-        full_key, key_kind = rule_key_for(first)
-        key = ctx.relative_key(full_key)
-        yield Finding(
-            code="TPA001", kind="replicated_weight", severity="error", target=generic,
-            message=(f"`{generic}` replicated on {world} ranks: {len(members)} x {_shape(first)} "
-                     f"{first.dtype} = {ctx.size(total)} on every rank ({_why(first)})"),
-            fix=f"Add a rule for `{key}` to {_owner(ctx)} base_model_tp_plan (tpaudit check --suggest proposes one)",
-            facts={"count": len(members), "bytes": total, "bytes_per_rank": total, "shape": list(first.global_shape),
-                   "dtype": first.dtype, "rule": first.rule, "style": first.style, "relative_key": key,
-                   "key_kind": key_kind})
-    # Routers and convolutions of the decoder: one note per generic name.
-    others = [p for p in params if p.ndim >= 2 and ctx.in_decoder(p.name) and not is_projection(ctx, p)]
-    for generic, members in sorted(_groups(others).items()):
-        total = sum(p.global_bytes for p in members)
-        what = "router/gate" if is_router(members[0]) else "convolution"
-        yield Finding(
-            code="TPA001", kind="replicated_weight", severity="note", target=generic,
-            message=(f"`{generic}` ({what}) held whole on every rank: {ctx.size(total)}; transformers keeps "
-                     f"{what} weights replicated by design"),
-            facts={"count": len(members), "bytes": total, "bytes_per_rank": total})
-    # Towers outside the decoder: one note per tower.
-    towers: dict[str, list[ParamShard]] = defaultdict(list)
-    for p in params:
-        if not ctx.in_decoder(p.name):
-            towers[tower_root(ctx, p.name)].append(p)
+    groups = ctx.shard_map.replicated_groups()
+    decoder = [g for g in groups if ctx.in_decoder(g.first.name)]
+    for key, members in sorted(_units(g for g in decoder if g.first.ndim >= 2).items()):
+        lead = _lead(members)
+        total = sum(g.total_bytes for g in members)
+        names = [g.generic_name for g in members]
+        design = kept_whole_by_design(ctx, lead)
+        relative, key_kind = ctx.relative_key(key), rule_key_for(lead.generic_name)[1]
+        shape = "[" + ", ".join(str(d) for d in lead.global_shape) + "]"
+        extra = f" (+ {len(members) - 1} quantization tensor(s))" if len(members) > 1 else ""
+        if design is None:
+            yield Finding(
+                code="TPA001", kind="replicated_weight", severity="error", target=lead.generic_name,
+                message=(f"`{lead.generic_name}`{extra} replicated on {world} ranks: {lead.count} x {shape} "
+                         f"{lead.dtype} = {ctx.size(total)} on every rank ({why_unsharded(lead.first)})"),
+                fix=f"Add a rule for `{relative}` to {ctx.owner_class} base_model_tp_plan (tpaudit check --suggest "
+                    "proposes one)",
+                facts={"count": lead.count, "bytes": total, "bytes_per_rank": total, "shape": list(lead.global_shape),
+                       "dtype": lead.dtype, "rule": lead.rule, "style": lead.style, "relative_key": relative,
+                       "key_kind": key_kind, "families": names})
+        else:
+            yield Finding(
+                code="TPA001", kind="replicated_weight", severity="note", target=lead.generic_name,
+                message=(f"`{lead.generic_name}`{extra} ({design}) held whole on every rank: {ctx.size(total)}; "
+                         f"kept whole by design (see tpaudit explain TPA001)"),
+                facts={"count": lead.count, "bytes": total, "bytes_per_rank": total, "why": design,
+                       "relative_key": relative, "families": names})
+    towers: dict[str, list[ParamGroup]] = defaultdict(list)
+    for g in groups:
+        if not ctx.in_decoder(g.first.name):
+            towers[tower_root(ctx, g.first.name)].append(g)
     for root, members in sorted(towers.items()):
-        total = sum(p.global_bytes for p in members)
+        total = sum(g.total_bytes for g in members)
+        count = sum(g.count for g in members)
         yield Finding(
             code="TPA001", kind="replicated_weight", severity="note", target=f"{root}.*",
-            message=(f"`{root}` ({len(members)} tensors, {ctx.size(total)}) is held whole on every rank: "
+            message=(f"`{root}` ({count} tensors, {ctx.size(total)}) is held whole on every rank: "
                      "transformers' TP plans do not cover vision/audio towers and projectors"),
-            facts={"count": len(members), "bytes": total, "bytes_per_rank": total})
+            facts={"count": count, "bytes": total, "bytes_per_rank": total, "why": "tower",
+                   "families": [g.generic_name for g in members]})
 
 
 @rule("TPA002", "unused_rule", severity="warning")
@@ -153,7 +176,8 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     **What it detects**
     A rule key (after transformers prefixes it with the submodule that owns the plan) that matches no module and no
     parameter name of the model as built, with layer indices as `*`. Rules are matched against runtime names, after
-    the loader's renaming, never against checkpoint keys.
+    the loader's renaming, never against checkpoint keys. The hint names the closest runtime module of the same kind
+    (a dense projection is never pointed at a MoE router or an expert).
 
     **Why it matters**
     The rule does nothing; usually the weight it was written for is replicated under another name. Mixtral's
@@ -171,65 +195,121 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     transformers `distributed/mixin.py` (`_validate_parallel_plan` logs the same set only at load time and only on
     rank 0).
     """
-    from ..model import generic_name
+    from ..compat.logic import generic_name
 
-    names = sorted({generic_name(m) for m in ctx.modules if m} | {p.generic_name for p in ctx.shard_map.params})
+    candidates = _hint_candidates(ctx, generic_name)
     for kind, rules, unused in (("tp", ctx.plan.tp_rules, ctx.plan.unused_tp_rules),
                                 ("ep", ctx.plan.ep_rules, ctx.plan.unused_ep_rules)):
         for key in unused:
-            close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
-            hint = f" (closest runtime name: `{close[0]}`)" if close else ""
+            close = _closest(key, rules[key], candidates)
+            hint = f" (closest runtime module of that kind: `{close}`)" if close else ""
             yield Finding(
                 code="TPA002", kind="unused_rule", severity="warning", target=key,
                 message=f"{kind} rule `{key}: {rules[key]}` matches no module or parameter of {ctx.architecture}{hint}",
                 fix=f"Remove `{ctx.relative_key(key)}` or rewrite it to a runtime module path",
-                facts={"plan": kind, "style": rules[key], "closest": close[0] if close else None,
-                       "relative_key": ctx.relative_key(key)})
+                facts={"plan": kind, "style": rules[key], "closest": close, "relative_key": ctx.relative_key(key)})
+
+
+def _hint_candidates(ctx: CheckContext, generic_name) -> dict[str, str]:
+    """Generic runtime name -> its kind, for the unused-rule hint: `linear` (a linear module, or a bare 2-D+ weight
+    such as fused experts' `gate_up_proj`), `experts` (an experts container), `embedding`, `router`."""
+    out = {}
+    for name, facts in ctx.modules.items():
+        if not name:
+            continue
+        g = generic_name(name)
+        if g in out:
+            continue
+        if _ROUTER_TYPE.search(facts.type) or _ROUTER_LEAF.search(name.rpartition(".")[2]):
+            out[g] = "router"
+        elif "Expert" in facts.type:
+            out[g] = "experts"
+        elif facts.type.endswith("Embedding"):
+            out[g] = "embedding"
+        elif facts.in_features is not None and facts.out_features is not None:
+            out[g] = "linear"
+    for g in ctx.shard_map.groups:
+        leaf = g.generic_name.rpartition(".")[2]
+        if g.first.ndim >= 2 and leaf not in ("weight", "bias") and not is_quant_tensor_name(leaf):
+            out.setdefault(g.generic_name, "linear")
+    return out
+
+
+def _closest(key: str, style: str, candidates: dict[str, str]) -> str | None:
+    """The runtime name a rule was most likely meant for: one of the same kind as the rule's style (a linear style
+    never points at a router or an experts container, an embedding style only at embeddings) whose last component
+    is the rule's (`mlp.down_proj` -> `mlp.experts.down_proj`); the closest such by spelling, else none."""
+    if style.startswith("embedding"):
+        kinds = {"embedding"}
+    elif style in ("moe_tp_experts", "ep_dispatch_experts"):
+        kinds = {"experts"}
+    else:
+        kinds = {"linear"}
+    leaf = key.rpartition(".")[2]
+    pool = [name for name, kind in candidates.items() if kind in kinds and name.rpartition(".")[2] == leaf]
+    close = difflib.get_close_matches(key, pool, n=1, cutoff=0.5)
+    return close[0] if close else None
 
 
 @rule("TPA003", "no_plan")
 def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
-    """The plan shards nothing of the base model.
+    """The TP plan shards nothing inside the decoder layers.
 
     **What it detects**
-    `tp_size > 1` while no rule applies to any parameter of the text base model: the model has no
-    `base_model_tp_plan` (or it is empty), and at most a class-level rule such as `lm_head` exists. When the merged
-    plan is entirely empty, `from_pretrained` itself raises; a lone class-level rule defeats that guard.
+    `tp_size > 1` while no TP rule shards any parameter inside the text model's repeated layers: the model has no
+    `base_model_tp_plan`, or an empty one, or one whose rules only reach outside the layers (a class-level
+    `lm_head` rule, an `embed_tokens: embedding_rowwise` rule), or only an expert-parallel plan shards the experts.
+    When the merged plan is entirely empty, `from_pretrained` itself raises; any rule at all defeats that guard. The
+    message says what does get sharded.
 
     **Why it matters**
-    Every rank holds the whole decoder. gpt-oss-120b in transformers 5.23 has only `base_model_ep_plan`: with
-    `tp_size=8` alone, everything but the `lm_head` is replicated on all 8 ranks.
+    Attention and MLP stay whole on every rank. gpt-oss-120b in transformers 5.23 has only `base_model_ep_plan`: with
+    `tp_size=8` alone, everything but the `lm_head` is replicated on all 8 ranks; transformers 5.24 adds
+    `{"embed_tokens": "embedding_rowwise"}` to its plan, which shards the embedding and nothing else.
 
     **Example**
-    `GptOssConfig.base_model_tp_plan = None` with `GptOssForCausalLM._tp_plan = {"lm_head": "colwise_gather_output"}`.
+    `GptOssConfig.base_model_tp_plan = {"embed_tokens": "embedding_rowwise"}` with
+    `GptOssForCausalLM._tp_plan = {"lm_head": "colwise_gather_output"}`.
 
     **Fix**
-    Add a `base_model_tp_plan` to the config class (`tpaudit check --suggest` proposes one), or use the model's
-    expert-parallel plan (`--ep` equal to `--tp`) where it ships one.
+    Add attention and MLP rules to the config class's `base_model_tp_plan` (`tpaudit check --suggest` proposes
+    them), or use the model's expert-parallel plan (`--ep` equal to `--tp`) where it ships one and accept the dense
+    layers whole.
 
     **References**
     transformers `distributed/mixin.py` (`_resolve_parallel_plans`: "has no `tp_plan`" only fires for an empty plan).
     """
     sm = ctx.shard_map
-    if sm.tp_size <= 1 and sm.ep_size <= 1:
+    if sm.tp_size <= 1:
         return
-    decoder = [p for p in sm.params if p.tied_to is None and ctx.in_decoder(p.name) and p.name not in ctx.lm_head_names]
-    covered = [p for p in decoder if p.sharding != "unsharded"]
-    if decoder and not covered or ctx.plan.loader_errors:
-        total = sum(p.global_bytes for p in decoder)
-        why = "; ".join(ctx.plan.loader_errors) if ctx.plan.loader_errors else (
-            f"no rule of the merged plan applies to `{ctx.text_prefix or 'the base model'}`"
-            + (f" (only {', '.join(f'`{k}`' for k in sorted(ctx.plan.tp_rules))})" if ctx.plan.tp_rules else ""))
-        ep_hint = ""
-        if ctx.plan.ep_rules and sm.ep_size == 1:
-            ep_hint = f"; this model ships base_model_ep_plan: try --ep {sm.tp_size}"
-        yield Finding(
-            code="TPA003", kind="no_plan", severity="error", target=ctx.text_prefix or ctx.architecture,
-            message=(f"{ctx.architecture} has no tensor-parallel plan for its base model at tp_size {sm.tp_size}: "
-                     f"{why}; {ctx.size(total)} of decoder weights are held whole on every rank"),
-            fix=f"Add base_model_tp_plan to {_owner(ctx)} (tpaudit check --suggest){ep_hint}",
-            facts={"decoder_bytes": total, "loader_errors": list(ctx.plan.loader_errors),
-                   "has_ep_plan": bool(ctx.plan.ep_rules)})
+    layer_groups = [g for g in sm.groups if g.tied_to is None and ctx.in_decoder(g.first.name)
+                    and ".*." in ctx.relative_key(g.generic_name)]
+    tp_sharded = [g for g in layer_groups if g.sharding == "sharded" and g.first.plan == "tp"]
+    if layer_groups and tp_sharded and not ctx.plan.loader_errors:
+        return
+    if not layer_groups and not ctx.plan.loader_errors:
+        return
+    sharded_elsewhere = [g for g in sm.groups if g.sharding == "sharded" and g.tied_to is None]
+    what = ", ".join(f"`{g.generic_name}` ({g.first.plan} {g.style})" for g in sharded_elsewhere[:4])
+    if len(sharded_elsewhere) > 4:
+        what += f" and {len(sharded_elsewhere) - 4} more"
+    layer_bytes = sum(g.total_bytes for g in layer_groups if g.sharding != "sharded")
+    if ctx.plan.loader_errors:
+        why = "; ".join(ctx.plan.loader_errors)
+    elif sharded_elsewhere:
+        why = f"the plan shards only {what}"
+    else:
+        why = "no rule of the merged plan shards anything"
+    ep_hint = ""
+    if ctx.plan.ep_rules and sm.ep_size == 1:
+        ep_hint = f"; this model ships base_model_ep_plan: --ep {sm.tp_size} shards its experts by expert"
+    yield Finding(
+        code="TPA003", kind="no_plan", severity="error", target=ctx.text_prefix or ctx.architecture,
+        message=(f"{ctx.architecture}'s tensor-parallel plan shards nothing inside its decoder layers at tp_size "
+                 f"{sm.tp_size}: {why}; {ctx.size(layer_bytes)} of layer weights are held whole on every rank"),
+        fix=f"Add attention and MLP rules to {ctx.owner_class} base_model_tp_plan (tpaudit check --suggest){ep_hint}",
+        facts={"layer_bytes": layer_bytes, "loader_errors": list(ctx.plan.loader_errors),
+               "sharded": [g.generic_name for g in sharded_elsewhere], "has_ep_plan": bool(ctx.plan.ep_rules)})
 
 
 @rule("TPA004", "replicated_budget")
@@ -257,7 +337,7 @@ def check_replicated_budget(ctx: CheckContext) -> Iterable[Finding]:
     opts = ctx.options
     if opts.max_replicated_bytes is None and opts.max_replicated_share is None:
         return
-    replicated = sum(p.global_bytes for p in replicated_params(ctx))
+    replicated = sum(g.total_bytes for g in ctx.shard_map.replicated_groups())
     total = ctx.shard_map.total_param_bytes
     share = replicated / total if total else 0.0
     over_bytes = opts.max_replicated_bytes is not None and replicated > opts.max_replicated_bytes
@@ -272,12 +352,3 @@ def check_replicated_budget(ctx: CheckContext) -> Iterable[Finding]:
             fix="Shard the largest replicated families, or raise --max-replicated",
             facts={"replicated_bytes": replicated, "share": share, "max_bytes": opts.max_replicated_bytes,
                    "max_share": opts.max_replicated_share})
-
-
-def _shape(p: ParamShard) -> str:
-    return "[" + ", ".join(str(d) for d in p.global_shape) + "]"
-
-
-def _owner(ctx: CheckContext) -> str:
-    config = ctx.config if not ctx.plan_owner else getattr(ctx.config, ctx.plan_owner, ctx.config)
-    return f"{type(config).__name__}"

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from ..model import Finding, ParamShard
+from ..configs import attribute_for, value, values
+from ..model import Finding, ParamGroup
 from ._shapes import chunk, is_quant_companion, leaf_module, role
-from .registry import CheckContext, config_value, config_values, rule
+from .registry import CheckContext, rule
 
 # Config attributes that size a split dimension, in the order a name is preferred when several match.
 _SIZE_ATTRS = ("moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size", "vocab_size",
@@ -19,33 +20,32 @@ _SIZE_ATTRS = ("moe_intermediate_size", "shared_expert_intermediate_size", "inte
                "linear_num_key_heads")
 
 
-def _attr_for(ctx: CheckContext, value: int, hint: str | None = None) -> str | None:
-    cfg = ctx.text_config
+def _attr_for(ctx: CheckContext, size: int, hint: str | None = None) -> str | None:
     names = ([hint] if hint else []) + list(_SIZE_ATTRS)
     for name in names:
-        if config_value(cfg, name) == value and isinstance(value, int):
+        if value(ctx.text_config, name) == size:
             return name
     return None
 
 
-def _hint(p: ParamShard) -> str | None:
+def _hint(g: ParamGroup) -> str | None:
     """The config attribute a parameter's split dimension usually comes from, by its place in the model."""
-    name = p.name
+    name = g.generic_name
     if ".shared_expert" in name:
         return "shared_expert_intermediate_size"
     if ".experts." in name:
         return "moe_intermediate_size"
-    if leaf_module(p) in ("embed_tokens", "lm_head", "wte", "word_embeddings"):
+    if leaf_module(g.first) in ("embed_tokens", "lm_head", "wte", "word_embeddings"):
         return "vocab_size"
     if ".mlp." in name or ".feed_forward." in name:
         return "intermediate_size"
     return None
 
 
-def sharded_params(ctx: CheckContext) -> list[ParamShard]:
-    """Parameters split by a rule (tied copies excluded)."""
-    return [p for p in ctx.shard_map.params if p.sharding == "sharded" and p.tied_to is None
-            and p.shard_dim is not None]
+def sharded_groups(ctx: CheckContext) -> list[ParamGroup]:
+    """Parameter groups split by a rule (tied copies excluded)."""
+    return [g for g in ctx.shard_map.groups if g.sharding == "sharded" and g.tied_to is None
+            and g.first.shard_dim is not None]
 
 
 def _ranks_text(sizes: list[int]) -> str:
@@ -55,7 +55,7 @@ def _ranks_text(sizes: list[int]) -> str:
     return f"{max(sizes)} .. {min(sizes)}"
 
 
-@rule("TPA101", "indivisible_dim")
+@rule("TPA101", "indivisible_dim", points_at="config")
 def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
     """A dimension a rule splits that `tp_size` does not divide.
 
@@ -63,7 +63,8 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
     A parameter sharded along a dimension whose size (or, for attention, whose head count) is not a multiple of
     `tp_size`: attention heads split by `q_proj`/`o_proj` rules, intermediate sizes split by MLP rules, the vocabulary
     split by `embed_tokens`/`lm_head` rules, experts' intermediate sizes. Only dimensions a rule actually splits are
-    checked (KV heads have their own rule, TPA102).
+    checked (KV heads have their own rule, TPA102), and only where the split output is not gathered back
+    (`colwise_gather_output` keeps every head on every rank).
 
     **Why it matters**
     transformers 5.23 accepts uneven shards (`torch.chunk`: low ranks get `ceil(n / tp_size)`), so nothing fails at
@@ -81,120 +82,138 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
     **References**
     transformers `distributed/tensor_parallel.py` (uneven shards allowed); huggingface/transformers#37051, #37220.
     """
+    from ..compat.logic import style_gathers_output
+
     tp = ctx.shard_map.tp_size
     if tp <= 1:
         return
     cfg = ctx.text_config
-    heads_values = [h for h in config_values(cfg, "num_attention_heads") if isinstance(h, int)]
+    heads_values = [h for h in values(cfg, "num_attention_heads") if isinstance(h, int)]
     bad_heads = [h for h in heads_values if h % tp]
     by_target: dict[str, dict] = {}
-    for p in sharded_params(ctx):
+    for g in sharded_groups(ctx):
+        p = g.first
         if is_quant_companion(p):
             continue  # packed weights, scales and metadata: judged on logical sizes by TPA2xx / TPA501
         r = role(p)
         if r == "kv":
             continue  # TPA102
         if r in ("q", "qkv", "o") and heads_values:
+            if style_gathers_output(p.style):
+                continue  # the output is gathered: every rank computes with every head
             if bad_heads:
                 entry = by_target.setdefault(ctx.config_target("num_attention_heads"),
                                              {"value": bad_heads[0], "params": set(), "sizes": None})
-                entry["params"].add(p.generic_name)
+                entry["params"].add(g.generic_name)
             continue
         if p.plan == "ep":
             continue  # experts split by expert: MoEParamShard enforces divisibility itself
         size = p.global_shape[p.shard_dim] // max(1, p.split_factor)
         if size % tp == 0:
             continue
-        attr = _attr_for(ctx, size, _hint(p))
-        target = ctx.config_target(attr) if attr else p.generic_name
+        attr = _attr_for(ctx, size, _hint(g))
+        target = ctx.config_target(attr) if attr else g.generic_name
         entry = by_target.setdefault(target, {"value": size, "params": set(),
                                               "sizes": [chunk(size, tp, r) for r in range(tp)]})
-        entry["params"].add(p.generic_name)
+        entry["params"].add(g.generic_name)
     for target, entry in sorted(by_target.items()):
-        value = entry["value"]
-        divisors = [d for d in range(2, min(value, 64) + 1) if value % d == 0 and d <= 16][:6]
+        size = entry["value"]
+        divisors = [d for d in range(2, min(size, 64) + 1) if size % d == 0 and d <= 16][:6]
         valid = ", ".join(str(d) for d in divisors) or "1"
         families = sorted(entry["params"])
         if entry["sizes"] is None:  # heads
-            per_rank = [chunk(value, tp, r) for r in range(tp)]
-            what = f"{value} attention heads split {value / tp:g} per rank"
+            per_rank = [chunk(size, tp, r) for r in range(tp)]
+            what = f"{size} attention heads split {size / tp:g} per rank"
         else:
             per_rank = entry["sizes"]
-            what = f"size {value} splits {_ranks_text(per_rank)} across {tp} ranks"
+            what = f"size {size} splits {_ranks_text(per_rank)} across {tp} ranks"
         yield Finding(
             code="TPA101", kind="indivisible_dim", severity="error", target=target,
-            message=(f"`{target}` = {value} is not divisible by tp_size {tp}: {what} "
+            message=(f"`{target}` = {size} is not divisible by tp_size {tp}: {what} "
                      f"(rules on {', '.join(f'`{f}`' for f in families[:3])}{' ...' if len(families) > 3 else ''})"),
-            fix=f"Use a tp_size that divides {value} ({valid}), or pad `{target.rpartition('.')[2]}` to a multiple "
+            fix=f"Use a tp_size that divides {size} ({valid}), or pad `{target.rpartition('.')[2]}` to a multiple "
                 f"of {tp}",
-            facts={"value": value, "tp_size": tp, "per_rank": per_rank, "params": families})
+            facts={"value": size, "tp_size": tp, "per_rank": per_rank, "params": families})
 
 
-@rule("TPA102", "kv_heads_per_rank")
+@rule("TPA102", "kv_heads_per_rank", points_at="config")
 def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
-    """KV heads that `tp_size` does not divide, so a rank holds a fraction of a head.
+    """KV heads that `tp_size` does not divide in a layer whose key projection the plan splits.
 
     **What it detects**
-    A layer whose key/value projections are sharded (`k_proj`/`v_proj`/fused `qkv` colwise) while its number of
-    KV heads is not a multiple of `tp_size`, including `tp_size` greater than the KV heads. transformers'
-    `get_kv_heads_per_rank` returns `None` for such a plan, so `generate()` cannot size a static cache per rank.
+    A layer whose key projection is split on its output (`k_proj`, or a fused `qkv_proj`/`query_key_value`/
+    `kv_b_proj`, `colwise` or `packed_colwise`) while the layer's number of KV heads is not a multiple of `tp_size`
+    (`tp_size` greater than the KV heads included), so no rank holds a whole number of heads. A key projection whose
+    output is gathered (`colwise_gather_output`) keeps every head on every rank, as transformers'
+    `get_kv_heads_per_rank` says, and is never flagged. Layers are checked one by one with their own KV-head count
+    (per-layer overrides such as Gemma 4's global layers, set by `num_global_key_value_heads`), and the finding names
+    the attribute that sets that count, with its value.
 
     **Why it matters**
     The KV cache and the sharded attention disagree: a paged cache sized for 4 KV heads meets attention that holds
-    half a head per rank at tp 8 (Qwen3-VL-30B-A3B). `k_proj` of 4 x 128 rows splits into 64 rows per rank: no rank
-    has a whole head.
+    half a head per rank at tp 8 (Qwen3-VL-30B-A3B), and the first forward fails reshaping keys into heads
+    (Gemma 4 31B at tp 8: its global layers have 4 KV heads of 512, split into 256-row halves).
 
     **Example**
     `--tp 8` on a model with `num_key_value_heads = 4` and `layers.*.self_attn.k_proj: colwise`.
 
     **Fix**
-    Use a `tp_size` that divides the KV heads, or keep `k_proj`/`v_proj` whole (no colwise rule) so every rank
-    holds all KV heads (each rank then pays their full size).
+    Use a `tp_size` that divides the KV heads, or gather the key projection's output
+    (`colwise_gather_output`) / keep `k_proj`/`v_proj` whole so every rank holds all KV heads (each rank then pays
+    their full size).
 
     **References**
-    transformers `distributed/tensor_parallel.py` (`get_kv_heads_per_rank`), `generation/utils.py`
-    (`_get_static_cache_init_shape`).
+    transformers `distributed/tensor_parallel.py` (`get_kv_heads_per_rank`), `configuration_utils.py`
+    (`get_head_shapes`), `generation/utils.py` (`_get_static_cache_init_shape`); tenstorrent/tt-xla#4881.
     """
+    from ..kvcache import key_projections, kv_layers
+
     tp = ctx.shard_map.tp_size
     if tp <= 1:
         return
-    from ..kvcache import kv_layers
-
-    try:
-        layers = kv_layers(ctx.text_config)
-    except Exception:  # noqa: BLE001 - a config without head shapes has no KV cache to check
-        return
-    kv_sharded_layers = set()
-    from ..kvcache import _local_rows
-
-    rows = _local_rows(ctx.shard_map, ctx.text_prefix)
-    for (index, r), (whole, local) in rows.items():
-        if r in ("k", "kv") and any(x != whole for x in local):
-            kv_sharded_layers.add(index)
+    layers = kv_layers(ctx.text_config)
+    keys = key_projections(ctx.shard_map, ctx.text_prefix)
     bad: dict[int, list[int]] = defaultdict(list)
-    by_rank: dict[int, list[float]] = {}
+    shares: dict[int, list[float]] = {}
     for layer in layers:
-        if layer.kind in ("none", "mla") or layer.index not in kv_sharded_layers:
+        key = keys.get(layer.index)
+        if layer.kind in ("none", "mla") or key is None or key.gathered or key.style is None:
+            continue
+        local = [key.share(r) for r in range(ctx.shard_map.world_size)]
+        if all(x == 1.0 for x in local):
             continue
         if layer.kv_heads % tp:
             bad[layer.kv_heads].append(layer.index)
-            whole, local = rows.get((layer.index, "k")) or rows.get((layer.index, "kv"))
-            by_rank.setdefault(layer.kv_heads, [layer.kv_heads * x / whole for x in local])
+            shares.setdefault(layer.kv_heads, [layer.kv_heads * x for x in local])
     cfg = ctx.text_config
     for heads, indices in sorted(bad.items()):
-        attr = next((n for n in ("num_key_value_heads", *sorted(vars(cfg)))
-                     if "key_value_heads" in n and heads in config_values(cfg, n)), "num_key_value_heads")
+        attr, attr_value = attribute_for(cfg, "key_value_heads", heads, "num_key_value_heads")
         target = ctx.config_target(attr)
-        per_rank = heads / tp
-        exact = by_rank[heads]
-        shares = " / ".join(f"{h:.3g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.3g} .. {min(exact):.3g}"
+        exact = shares[heads]
+        text = " / ".join(f"{h:.3g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.3g} .. {min(exact):.3g}"
         valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        tf_answer = _transformers_kv_heads(ctx, heads, tp)
         yield Finding(
             code="TPA102", kind="kv_heads_per_rank", severity="error", target=target,
-            message=(f"`{target}` = {heads} KV heads cannot be split across {tp} ranks: the ranks hold {shares} "
-                     f"heads' worth of key rows in {len(indices)} layer(s), no rank a whole number; the KV cache and "
-                     "the sharded attention disagree (transformers' get_kv_heads_per_rank returns None)"),
-            fix=f"Use a tp_size dividing {heads} ({valid}), or drop the colwise k_proj/v_proj rules so every rank "
-                "holds all KV heads",
-            facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": per_rank, "heads_by_rank": exact,
-                   "layers": indices})
+            message=(f"`{target}` = {attr_value} KV heads cannot be split across {tp} ranks: the ranks hold {text} "
+                     f"heads' worth of key rows in {len(indices)} layer(s) ({_layers_text(indices)}), no rank a whole "
+                     "number; the KV cache and the sharded attention disagree"),
+            fix=f"Use a tp_size dividing {heads} ({valid}), or gather the key projection's output "
+                "(colwise_gather_output) so every rank holds all KV heads",
+            facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": heads / tp, "heads_by_rank": exact,
+                   "layers": indices, "attribute": attr, "attribute_value": attr_value,
+                   "transformers_kv_heads_per_rank": tf_answer})
+
+
+def _layers_text(indices: list[int]) -> str:
+    if len(indices) <= 6:
+        return "layers " + ", ".join(map(str, indices))
+    return f"layers {indices[0]}, {indices[1]}, ..., {indices[-1]}"
+
+
+def _transformers_kv_heads(ctx: CheckContext, heads: int, tp: int):
+    """What transformers' own `get_kv_heads_per_rank` says for the applied plan (`None`: cannot be split)."""
+    from ..compat import backend
+
+    applied = {k: v for k, v in ctx.plan.applied_tp.items()}
+    return backend().kv_heads_per_rank(applied, heads, tp)

@@ -15,24 +15,29 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     """A packed dimension that the rule splits without respecting its packing.
 
     **What it detects**
-    (a) A fused projection (`gate_up_proj`, `qkv_proj`, `query_key_value`) split with plain `colwise`, whose
-    `Shard` cuts the concatenation: with `[gate; up]` on two ranks, rank 0 gets all of `gate` and none of `up`.
-    `packed_colwise` (a strided shard that splits each part) and `colwise_gather_output` (the output is gathered)
-    are safe. (b) Quantized values packed into int32 words (AWQ along outputs, GPTQ and compressed-tensors
-    pack-quantized along inputs) split where a rank's share is not a whole number of words, or packed with a bit
-    width that does not divide 32 (3/5/6/7 bits), where any split cuts values.
+    (a) A fused or packed projection whose split scrambles its parts: the plan splits the projection's output
+    (`colwise`, `packed_colwise`) and the model's forward then cuts that output into parts (q, k and v; gate and up;
+    per-head groups) that the split does not respect. The verdict comes from evidence: the parity check runs the
+    sharded forward of a small model of the same architecture and plan on real gloo ranks and names the first module
+    whose output diverges (facts `"evidence": "parity"`). A valid split is cleared by the same run (GPT-NeoX's
+    per-head `query_key_value` survives plain `colwise`). Where the parity check did not run (`--no-parity`), a fused
+    name split by plain `colwise` is only a suspicion and a warning. (b) Quantized values packed into int32 words
+    (AWQ along outputs, GPTQ and compressed-tensors pack-quantized along inputs) split where a rank's share is not a
+    whole number of words, or packed with a bit width that does not divide 32 (3/5/6/7 bits), where any split cuts
+    values: arithmetic on the checkpoint's own layout, an error.
 
     **Why it matters**
-    The layer computes with the wrong halves (gate times gate), or a rank unpacks half a word: wrong outputs with no
-    error at load.
+    The layer computes with the wrong halves (gate times gate), a rank gets all of Q and K and none of V, or a rank
+    unpacks half a word: wrong outputs or a crash in the first forward, with no error at load.
 
     **Example**
-    `"layers.*.mlp.experts.gate_up_proj": "colwise"` instead of `packed_colwise`; a 4-bit AWQ `up_proj` whose
-    output share is not a multiple of 8.
+    `"layers.*.mlp.experts.gate_up_proj": "colwise"` instead of `packed_colwise`; a linear-attention
+    `in_proj_qkv` (`[Q_all | K_all | V_all]`) split with plain `colwise`; a 4-bit AWQ `up_proj` whose output share is
+    not a multiple of 8.
 
     **Fix**
-    Use `packed_colwise` for fused gate/up, `colwise_gather_output` for a fused qkv whose parts differ in size;
-    choose a `tp_size` whose shares are whole words.
+    Use `packed_colwise` for concatenated gate/up, `colwise_gather_output` for a fused qkv whose parts differ in
+    size; choose a `tp_size` whose shares are whole words.
 
     **References**
     transformers `distributed/tensor_parallel.py` (`PackedColwiseParallel`); huggingface/transformers#46846.
@@ -40,24 +45,15 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     tp = ctx.shard_map.tp_size
     if tp <= 1:
         return
-    seen = set()
-    for p in ctx.shard_map.params:
-        if p.sharding != "sharded" or p.tied_to is not None or p.generic_name in seen or p.plan == "ep":
-            continue
-        leaf = leaf_module(p)
-        fused = leaf in FUSED_GATE_UP or leaf in FUSED_QKV_LEAVES
-        packed_dim = p.ndim - 2 if p.ndim >= 2 else 0
-        if fused and p.style == "colwise" and p.shard_dim == packed_dim and p.split_factor == 1:
-            seen.add(p.generic_name)
-            parts = "gate and up" if leaf in FUSED_GATE_UP else "q, k and v"
-            yield Finding(
-                code="TPA501", kind="packed_layout", severity="error", target=p.generic_name,
-                message=(f"`{p.generic_name}` packs {parts} along dim {packed_dim} but rule `{p.rule}: colwise` cuts "
-                         f"the concatenation: rank 0 gets rows 0..{p.local_shapes[0][packed_dim] - 1} of "
-                         f"{p.global_shape[packed_dim]}, not its share of each part"),
-                fix=(f"Use `{ctx.relative_key(p.rule or p.generic_name)}: packed_colwise`" if leaf in FUSED_GATE_UP
-                     else f"Use `{ctx.relative_key(p.rule or p.generic_name)}: colwise_gather_output`"),
-                facts={"style": p.style, "dim": packed_dim, "size": p.global_shape[packed_dim]})
+    parity = ctx.parity
+    if parity is not None and getattr(parity, "ran", False):
+        yield from _parity_layout_findings(ctx, parity)
+    else:
+        yield from _suspected_layouts(ctx)
+
+
+def _quant_packing(ctx: CheckContext) -> Iterable[Finding]:
+    tp = ctx.shard_map.tp_size
     scheme = quant_scheme(ctx.config)
     if scheme is None or not scheme.packed_axis:
         return
@@ -84,3 +80,57 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
             fix=(f"Use tp_size {max(ok)} or less" if ok else "Keep this module whole") + ", or a format whose "
                 "packing the split respects",
             facts={"axis": unit.axis, "bits": scheme.bits, "pack_factor": scheme.pack_factor, "per_rank": sizes})
+
+
+def _suspected_layouts(ctx: CheckContext) -> Iterable[Finding]:
+    """Without the parity check: a fused name split by plain `colwise` is a suspicion (a warning), never an error."""
+    seen = set()
+    for g in ctx.shard_map.groups:
+        p = g.first
+        if p.sharding != "sharded" or p.tied_to is not None or p.plan == "ep":
+            continue
+        leaf = leaf_module(p)
+        fused = leaf in FUSED_GATE_UP or leaf in FUSED_QKV_LEAVES
+        packed_dim = p.ndim - 2 if p.ndim >= 2 else 0
+        if fused and p.style == "colwise" and p.shard_dim == packed_dim and p.split_factor == 1:
+            seen.add(p.generic_name)
+            parts = "gate and up" if leaf in FUSED_GATE_UP else "q, k and v"
+            yield Finding(
+                code="TPA501", kind="packed_layout", severity="warning", target=p.generic_name,
+                message=(f"`{p.generic_name}` may pack {parts} along dim {packed_dim}, which rule `{p.rule}: colwise` "
+                         f"cuts into contiguous shards (rank 0 gets rows 0..{p.local_shapes[0][packed_dim] - 1} of "
+                         f"{p.global_shape[packed_dim]}); whether that scrambles the parts depends on the layout, "
+                         "which the parity check did not confirm"),
+                fix="Run tpaudit check --parity to decide it from the sharded forward",
+                facts={"style": p.style, "dim": packed_dim, "size": p.global_shape[packed_dim],
+                       "evidence": "name", "confirmed": False})
+    yield from _quant_packing(ctx)
+
+
+def _parity_layout_findings(ctx: CheckContext, parity) -> Iterable[Finding]:
+    """With the parity check: its divergence at a fused/packed split is the error; a clean run clears every
+    suspicion. (A divergence elsewhere is TPA502.)"""
+    from ..evidence import is_layout_divergence
+
+    if not parity.passed and is_layout_divergence(parity):
+        target = parity.first_divergent_module or parity.rule or "model"
+        what = (f"max abs error {parity.max_abs_error:.3g}" if parity.max_abs_error is not None
+                else f"the forward fails: {parity.error}")
+        yield Finding(
+            code="TPA501", kind="packed_layout", severity="error", target=target,
+            message=(f"`{target}` is a fused/packed projection that rule `{parity.rule}: {parity.style}` splits "
+                     f"without respecting its parts: the sharded forward of a small {ctx.architecture} at tp_size "
+                     f"{parity.tp_size} diverges from the unsharded one first at this module ({what})"),
+            fix=_layout_fix(parity.style),
+            facts={"evidence": "parity", "module": target, "rule": parity.rule, "style": parity.style,
+                   **({"max_abs_error": parity.max_abs_error} if parity.max_abs_error is not None
+                      else {"exception": parity.error})})
+    yield from _quant_packing(ctx)
+
+
+def _layout_fix(style: str | None) -> str:
+    if style == "colwise":
+        return "Use packed_colwise if the parts are two equal concatenated halves, else colwise_gather_output"
+    if style == "packed_colwise":
+        return "Use colwise_gather_output (the parts are not two equal concatenated halves)"
+    return "Use colwise_gather_output for this projection"

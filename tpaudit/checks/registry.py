@@ -1,25 +1,33 @@
-"""The rule catalogue: one table of code -> check, and the context every check reads.
+"""The rule catalogue: one table of code -> check, and the context every check reads (stage 5).
 
-A check is a function `check_<kind>(ctx) -> Iterable[Finding]` registered with `@rule(code, kind)`. Its docstring is
-its catalogue entry (`tpaudit explain CODE`, Markdown, SARIF `fullDescription`), written with the headings
-**What it detects**, **Why it matters**, **Example**, **Fix** and **References**. Families take codes by hundreds
-(TPA0xx coverage, TPA1xx divisibility, TPA2xx quantization, TPA3xx checkpoint, TPA4xx expert parallelism); a code
-is never reused: a retired rule stays registered with `status="removed"`.
+    BuiltModel + ResolvedPlan + ShardMap (+ parity evidence) -> list[Finding]
+
+A check is a function `check_<kind>(ctx) -> Iterable[Finding]` registered with `@rule(code, kind, ...)` in any module
+of this package (modules are found, not listed: a new family is a new module). Its docstring is its catalogue entry
+(`tpaudit explain CODE`, Markdown, SARIF `fullDescription`), with the headings **What it detects**, **Why it
+matters**, **Example**, **Fix** and **References**. A rule declares what consumers need: where its findings point
+(`points_at`: the plan file, the config, the checkpoint) and whether its findings' bytes count toward
+`--max-replicated`. Families take codes by hundreds (TPA0xx coverage, TPA1xx divisibility, TPA2xx quantization,
+TPA3xx checkpoint, TPA4xx expert parallelism, TPA5xx layouts); a code is never reused: a retired rule stays
+registered with `status="removed"`. `tests/rules/TPAxxx.json` holds each code's passing and failing examples.
 
 Checks never print and never exit; they read the context and return findings.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Literal
 
-from ..model import Finding, ModelSource, ShardMap
+from ..model import SEVERITY_ORDER, Finding, ParamShard, ShardMap
 
 _CODE = re.compile(r"^TPA\d{3}$")
 _SECTION = re.compile(r"^\*\*(What it detects|Why it matters|Example|Fix|References)\*\*\s*$")
+PointsAt = Literal["plan", "config", "checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,9 @@ class Rule:
         family (`str`): the module that holds it (`coverage`, `divisibility`, ...).
         status (`"stable" | "removed"`).
         severity (`str`): the default (highest) severity of its findings.
+        points_at (`"plan" | "config" | "checkpoint"`): the file a user edits to fix its findings: the `--plan`
+            file (when one is given, else the config that ships the plan), the config (a size attribute), or the
+            checkpoint.
     """
 
     code: str
@@ -41,6 +52,7 @@ class Rule:
     family: str
     status: str = "stable"
     severity: str = "error"
+    points_at: PointsAt = "plan"
 
     @property
     def doc(self) -> str:
@@ -66,19 +78,18 @@ class Rule:
 
 
 _RULES: dict[str, Rule] = {}
-FAMILIES = ("coverage", "divisibility", "quant", "checkpoint", "expert", "layout")
 
 
-def rule(code: str, kind: str, *, severity: str = "error", status: str = "stable"):
+def rule(code: str, kind: str, *, severity: str = "error", status: str = "stable", points_at: PointsAt = "plan"):
     """Register a check under `code`. Refuses malformed or duplicate codes and docstrings without the sections."""
 
     def register(fn):
         if not _CODE.match(code):
             raise ValueError(f"malformed rule code {code!r}: expected TPA + 3 digits")
-        if code in _RULES:
+        if code in _RULES and _RULES[code].check is not fn:
             raise ValueError(f"rule code {code} registered twice ({_RULES[code].check.__name__}, {fn.__name__})")
         r = Rule(code=code, kind=kind, check=fn, family=fn.__module__.rsplit(".", 1)[-1], status=status,
-                 severity=severity)
+                 severity=severity, points_at=points_at)
         missing = {"What it detects", "Why it matters", "Example", "Fix"} - set(r.sections())
         if missing:
             raise ValueError(f"{code} ({fn.__name__}) docstring lacks {sorted(missing)}")
@@ -88,11 +99,17 @@ def rule(code: str, kind: str, *, severity: str = "error", status: str = "stable
     return register
 
 
-def all_rules() -> list[Rule]:
-    """Every registered rule, by code. Importing the families registers them."""
-    import importlib
+def families() -> list[str]:
+    """Every module of this package that may hold rules (all but the private ones and this registry)."""
+    from .. import checks
 
-    for family in FAMILIES:
+    return sorted(m.name for m in pkgutil.iter_modules(checks.__path__)
+                  if not m.name.startswith("_") and m.name != "registry")
+
+
+def all_rules() -> list[Rule]:
+    """Every registered rule, by code. Importing the family modules registers them."""
+    for family in families():
         importlib.import_module(f"{__package__}.{family}")
     return [_RULES[c] for c in sorted(_RULES)]
 
@@ -118,8 +135,8 @@ class CheckOptions:
     unit: str = "GiB"
 
     @classmethod
-    def from_budget(cls, text: str) -> "CheckOptions":
-        """`--max-replicated` value: `"5%"` -> share 0.05; `"2GiB"` / `"1e9"` -> bytes.
+    def from_budget(cls, text, unit: str = "GiB", *, name: str = "max_replicated") -> "CheckOptions":
+        """`--max-replicated` value: `"5%"` -> share 0.05; `"2GiB"` / `"1e9"` / an `int` -> bytes.
 
         Raises:
             UsageError: neither a percentage nor a byte size.
@@ -127,6 +144,12 @@ class CheckOptions:
         from ..errors import UsageError
         from ..units import parse_bytes
 
+        if isinstance(text, bool):
+            raise UsageError(f"{name} {text!r} is neither a byte size nor a percentage")
+        if isinstance(text, int):
+            if text < 0:
+                raise UsageError(f"{name} {text} must not be negative")
+            return cls(max_replicated_bytes=text, unit=unit)
         value = str(text).strip()
         if value.endswith("%"):
             try:
@@ -134,50 +157,85 @@ class CheckOptions:
             except ValueError:
                 share = float("nan")
             if not 0 <= share <= 1:
-                raise UsageError(f"--max-replicated {text} is not a share between 0% and 100%")
-            return cls(max_replicated_share=share)
+                raise UsageError(f"{name} {text} is not a share between 0% and 100%")
+            return cls(max_replicated_share=share, unit=unit)
         try:
-            return cls(max_replicated_bytes=parse_bytes(value))
+            return cls(max_replicated_bytes=parse_bytes(value), unit=unit)
         except ValueError:
-            raise UsageError(f"--max-replicated {text} is neither a byte size (2GiB, 500MB, 1e9) nor a percentage "
+            raise UsageError(f"{name} {text} is neither a byte size (2GiB, 500MB, 1e9) nor a percentage "
                              "(5%)") from None
 
 
 @dataclass(frozen=True)
 class CheckContext:
-    """What the checks read: the input, the built model's facts, the resolved plan and the shard map.
+    """What the checks read: the built model's facts, the resolved plan, the shard map and the parity evidence.
 
     Attributes:
-        source (`ModelSource`): the input as read.
-        config (`PretrainedConfig`): the transformers config the model was built from.
-        architecture (`str`): model class name.
-        text_prefix (`str`): path of the base model that owns the plan (`model.language_model`).
-        plan_owner (`str`): attribute path of the config owning `base_model_tp_plan` (`text_config` or `""`).
-        lm_head_names (`tuple[str, ...]`): parameters of the output embedding (`lm_head.weight`).
+        built (`BuiltModel`): the meta model's facts (config, text prefix, modules, mapping, quantization).
         plan (`ResolvedPlan`), shard_map (`ShardMap`).
-        mapping (`CheckpointMapping`, *optional*): `None` for config-only inputs.
-        quantization (`dict`, *optional*): see `BuiltModel.quantization`.
-        modules (`dict[str, ModuleFacts]`): concrete module name -> facts (type, linear sizes, head_dim).
         options (`CheckOptions`).
+        parity (`ParityResult`, *optional*): the sharded forward's verdict, when it ran.
     """
 
-    source: ModelSource
-    config: Any
-    architecture: str
-    text_prefix: str
-    plan_owner: str
-    lm_head_names: tuple[str, ...]
+    built: Any
     plan: Any
     shard_map: ShardMap
-    mapping: Any = None
-    quantization: dict | None = None
-    modules: dict[str, Any] = field(default_factory=dict)
     options: CheckOptions = field(default_factory=CheckOptions)
+    parity: Any = None
+
+    # --- facts of the built model, by the names checks use
+    @property
+    def source(self):
+        return self.built.source
+
+    @property
+    def config(self):
+        return self.built.config
+
+    @property
+    def architecture(self) -> str:
+        return self.built.architecture
+
+    @property
+    def text_prefix(self) -> str:
+        return self.built.text_prefix
+
+    @property
+    def plan_owner(self) -> str:
+        return self.built.plan_owner
+
+    @property
+    def lm_head_names(self) -> tuple[str, ...]:
+        return self.built.lm_head_names
+
+    @property
+    def mapping(self):
+        return self.built.mapping
+
+    @property
+    def quantization(self):
+        return self.built.quantization
+
+    @property
+    def modules(self) -> dict:
+        return self.built.modules
+
+    @property
+    def text_config(self):
+        """The config that owns the base model's plan (the text config of a composite model)."""
+        return self.built.owner_config
+
+    @property
+    def owner_class(self) -> str:
+        return self.built.owner_class
 
     def relative_key(self, generic: str) -> str:
         """A full generic name as a key of `base_model_tp_plan` (`model.language_model.layers.*.x` -> `layers.*.x`)."""
-        prefix = self.text_prefix + "." if self.text_prefix else ""
-        return generic[len(prefix):] if prefix and generic.startswith(prefix) else generic
+        return self.built.relative_key(generic)
+
+    def config_target(self, attr: str) -> str:
+        """A config attribute as a finding target, dotted from the top-level config (`text_config.vocab_size`)."""
+        return self.built.config_target(attr)
 
     def size(self, n: int) -> str:
         """`n` bytes in the report's unit family (`--units`), e.g. `"36.00 GiB"`."""
@@ -185,54 +243,24 @@ class CheckContext:
 
         return format_bytes(n, self.options.unit)
 
-    @property
-    def text_config(self):
-        """The config that owns the base model's plan (the text config of a composite model)."""
-        return getattr(self.config, self.plan_owner, self.config) if self.plan_owner else self.config
-
-    def config_target(self, attr: str) -> str:
-        """A config attribute as a finding target, dotted from the top-level config (`text_config.vocab_size`)."""
-        return f"{self.plan_owner}.{attr}" if self.plan_owner else attr
-
     def module_of(self, param_name: str):
         """`ModuleFacts` of the module owning `param_name`, or `None`."""
-        return self.modules.get(param_name.rpartition(".")[0])
+        return self.built.modules.get(param_name.rpartition(".")[0])
 
     def in_decoder(self, name: str) -> bool:
         """True for a parameter of the text base model or of the output embedding (`lm_head`)."""
-        if name in self.lm_head_names:
+        if name in self.built.lm_head_names:
             return True
         return not self.text_prefix or name.startswith(self.text_prefix + ".")
 
-
-def config_value(config, name: str):
-    """`getattr(config, name, None)` that also survives configs whose attributes raise on access (transformers'
-    heterogeneous per-layer configs raise `AmbiguousGlobalPerLayerAttributeError` for per-layer attributes)."""
-    try:
-        return getattr(config, name, None)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def config_values(config, name: str) -> list:
-    """Every distinct value of `name` across the layers: `per_layer_config[i].name` for heterogeneous configs, else
-    the single global value (empty when absent)."""
-    try:
-        layers = list(config.per_layer_config or [])
-    except Exception:  # noqa: BLE001 - not a heterogeneous config (or one whose layer list is broken)
-        layers = []
-    values = []
-    for c in layers or [config]:
-        v = config_value(c, name)
-        if v is not None and v not in values:
-            values.append(v)
-    return values
+    def in_decoder_layers(self, p: ParamShard) -> bool:
+        """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`)."""
+        prefix = self.text_prefix + "." if self.text_prefix else ""
+        return p.name.startswith(prefix) and ".layers." in "." + p.name[len(prefix):]
 
 
 def run_checks(ctx: CheckContext) -> list[Finding]:
     """Run every stable rule and return its findings, sorted by severity, code and target."""
-    from ..model import SEVERITY_ORDER
-
     findings: list[Finding] = []
     for r in all_rules():
         if r.status == "stable":

@@ -8,13 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 
-class OutputFormat(str, Enum):
-    table = "table"
-    json = "json"
-    markdown = "markdown"
-    sarif = "sarif"
-
-
 class Units(str, Enum):
     GiB = "GiB"
     GB = "GB"
@@ -29,7 +22,7 @@ ModelArg = Annotated[str, typer.Argument(
     metavar="MODEL", help="A model directory (config.json, optional safetensors), a snapshot file from "
                           "'tpaudit snapshot', or a Hub id such as Qwen/Qwen3-VL-30B-A3B-Instruct.")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size: how many ranks share each layer.")]
-EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel size: 1, or equal to --tp (transformers 5.23 "
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel size: 1, or equal to --tp (transformers 5.23/5.24 "
                                                  "without FSDP).")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub only: branch, tag or commit.")]
 TokenOpt = Annotated[Optional[str], typer.Option(
@@ -39,8 +32,18 @@ ArchitectureOpt = Annotated[Optional[str], typer.Option(
     "--architecture", help="Model class to build (default: config.json's architectures[0]).")]
 TrustRemoteCodeOpt = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Allow the repo's own modeling code (never run otherwise).")]
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
-TableJsonOpt = Annotated[str, typer.Option("--format", "-f", help="table or json.")]
+
+
+def format_option(command: str):
+    """The `--format/-f` option of `command`, offering exactly the renderers registered for it
+    (`tpaudit.report.formats`): a new renderer module is a new choice, with no change here."""
+    from ..report import formats
+
+    choices = formats(command)
+    return Annotated[str, typer.Option("--format", "-f", help=f"Output format: {', '.join(choices)}.",
+                                       show_default=True)]
+
+
 DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="The dtype passed to from_pretrained (default: auto, from config.json or the checkpoint).")]
 PlanOpt = Annotated[Optional[str], typer.Option(

@@ -39,3 +39,18 @@ def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
     buffer = io.StringIO()
     draw(Console(file=buffer, width=width, no_color=True))
     write_output(buffer.getvalue(), output)
+
+
+def emit(command: str, fmt: str, result, output: str | None, **options) -> None:
+    """Draw `result` with the renderer registered for `command --format fmt`, to stdout or `output`.
+
+    Raises:
+        UsageError: no such format for `command`, or `output` cannot be written.
+    """
+    from ..report import get
+
+    r = get(command, fmt)
+    if r.rich:
+        emit_rich(lambda console: r.fn(result, console, **options), output, width=r.width)
+    else:
+        write_output(r.fn(result, **options), output)

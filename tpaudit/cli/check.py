@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._output import emit_rich, write_output
-from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, FailOn, FormatOpt, ModelArg, OutputFormat, OutputOpt,
-                       PlanOpt, RevisionOpt, TokenOpt, TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
+from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, FailOn, ModelArg, OutputOpt, PlanOpt, RevisionOpt, TokenOpt,
+                       TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt, format_option)
+from ._output import emit, write_output
 
 CHECK_EXAMPLES = [
     "tpaudit check Qwen/Qwen3-VL-30B-A3B-Instruct --tp 4",
@@ -29,7 +29,7 @@ def check(
     tp: TpOpt,
     ep: EpOpt = 1,
     plan: PlanOpt = None,
-    format: FormatOpt = OutputFormat.table,
+    format: format_option("check") = "table",
     output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
@@ -51,24 +51,37 @@ def check(
     baseline: Annotated[Optional[str], typer.Option(
         "--baseline", help="An earlier --format json (or sarif) report: its findings are accepted; only new ones "
                            "are reported and counted.")] = None,
+    parity: Annotated[Optional[bool], typer.Option(
+        "--parity/--no-parity", help="Run the sharded-forward parity check on a small model of the same "
+                                     "architecture (gloo ranks on this CPU): --parity always, --no-parity never. "
+                                     "Default: when the plan splits a fused or packed projection, or with --plan.",
+        show_default=False)] = None,
     units: UnitsOpt = Units.GiB,
-    quiet_params: Annotated[bool, typer.Option("--no-params", help="Terminal: omit the parameter table.")] = False,
+    params: Annotated[str, typer.Option(
+        "--params", help="Terminal: the parameter table: families (by module family, largest first), all (every "
+                         "parameter) or none.")] = "families",
+    quiet_params: Annotated[bool, typer.Option("--no-params", help="Terminal: omit the parameter table (same as "
+                                                                    "--params none).")] = False,
 ) -> int:
     """Predict every rank's shards, list replicated weights and unused rules, and lint the plan.
 
     Exit codes: 0 no error finding, 1 at least one, 2 bad input (one line on stderr), 4 a tpaudit bug.
     """
-    from ..audit import audit_source
-    from ..build import load_plan_file
+    from ..audit import Audit
+    from ..build import BuildOptions, load_plan_file
     from ..checks.registry import CheckOptions
+    from ..errors import UsageError
+    from ..model import ParallelSizes
+    from ..report import get
     from ..sources import open_source
 
-    from ..errors import UsageError
-
-    import dataclasses
-
-    options = CheckOptions.from_budget(max_replicated) if max_replicated is not None else CheckOptions()
-    options = dataclasses.replace(options, unit=units.value)
+    get("check", format)  # an unknown format fails before any work
+    if params not in ("families", "all", "none"):
+        raise UsageError(f"--params {params} is not one of families, all, none")
+    sizes = ParallelSizes.of(tp, ep, names=("--tp", "--ep"))
+    options = CheckOptions.from_budget(max_replicated, unit=units.value, name="--max-replicated") \
+        if max_replicated is not None \
+        else CheckOptions(unit=units.value)
     plan_override = load_plan_file(plan) if plan is not None else None
     if write_plan is not None and not suggest:
         raise UsageError("--write-plan needs --suggest. Add --suggest")
@@ -77,10 +90,16 @@ def check(
         from ..baseline import load_baseline
 
         accepted = load_baseline(baseline)
-    progress = format == OutputFormat.table and output is None and sys.stdout.isatty()
+    progress = format == "table" and output is None and sys.stdout.isatty()
     source = open_source(model, revision=revision, token=token, progress=progress)
-    report = audit_source(source, tp_size=tp, ep_size=ep, plan_override=plan_override, architecture=architecture,
-                          trust_remote_code=trust_remote_code, dtype=dtype, options=options, suggest=suggest)
+    audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
+                                       trust_remote_code=trust_remote_code, dtype=dtype))
+    mode = "auto" if parity is None else ("on" if parity else "off")
+    report = audit.report(sizes, options=options, parity=mode, plan_path=plan)
+    if suggest:
+        from ..suggest import with_suggestion
+
+        report = with_suggestion(audit, report, sizes, options=options)
     if accepted is not None:
         from ..baseline import apply_baseline
 
@@ -88,31 +107,10 @@ def check(
     if write_plan is not None:
         import json
 
-        suggested = (report.extra.get("suggestion") or {}).get("plan")
+        suggested = report.suggestion.plan if report.suggestion is not None else None
         if suggested is None:
             raise UsageError("--suggest found no rule to propose, so there is no plan to write to --write-plan")
         write_output(json.dumps(suggested, indent=2) + "\n", write_plan)
         print(f"tpaudit: wrote the suggested plan ({len(suggested)} rules) to {write_plan}", file=sys.stderr)
-    render_report(report, format, output, units.value, show_params=not quiet_params, plan_path=plan)
+    emit("check", format, report, output, unit=units.value, params="none" if quiet_params else params)
     return exit_code_for(report, fail_on.value, exit_zero)
-
-
-def render_report(report, format: OutputFormat, output: str | None, unit: str, *, show_params: bool = True,
-                  plan_path: str | None = None) -> None:
-    """Draw `report` in `format` to stdout or `output`."""
-    if format == OutputFormat.json:
-        from ..report.json import render
-
-        write_output(render(report), output)
-    elif format == OutputFormat.markdown:
-        from ..report.markdown import render
-
-        write_output(render(report, unit=unit), output)
-    elif format == OutputFormat.sarif:
-        from ..report.sarif import render
-
-        write_output(render(report, plan_path=plan_path), output)
-    else:
-        from ..report.terminal import render
-
-        emit_rich(lambda console: render(report, console, unit=unit, show_params=show_params), output)

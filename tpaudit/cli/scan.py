@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from ._options import format_option
+
 SCAN_EXAMPLES = [
     "tpaudit scan --tp 4 --format html -o coverage.html",
     "tpaudit scan --model-type my_new_model --tp 4      # CI gate in a transformers checkout",
@@ -19,40 +21,25 @@ def scan(
                              "an error finding.")] = None,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker processes (default: CPU count).")]
     = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table, json, markdown or html.")] = "table",
+    format: format_option("scan") = "table",
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Full scan: exit 1 when any model type has an error "
                                                           "finding.")] = False,
+    parity: Annotated[bool, typer.Option(
+        "--parity", help="Also run the sharded-forward parity check where a model type's plan splits a fused or "
+                         "packed projection (slow: gloo ranks per such model type).")] = False,
 ) -> int:
     """Simulate every model type (or the ones named) from its default config and report plan coverage.
 
     Exit codes: 0 clean (a full scan is a survey unless --strict), 1 a selected model type has an error finding or
     failed to build, 2 bad input.
     """
-    from ..errors import UsageError
+    from ..report import get
     from ..scan import scan as run_scan
-    from ._output import emit_rich, write_output
+    from ._output import emit
 
-    if format not in ("table", "json", "markdown", "html"):
-        raise UsageError(f"--format {format} is not supported by scan. Pass table, json, markdown or html")
-    report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs)
-    if format == "json":
-        from ..report.scan import render_json
-
-        write_output(render_json(report), output)
-    elif format == "markdown":
-        from ..report.scan import render_markdown
-
-        write_output(render_markdown(report), output)
-    elif format == "html":
-        from ..report.scan import render_html
-
-        write_output(render_html(report), output)
-    else:
-        from ..report.scan import render_terminal
-
-        emit_rich(lambda console: render_terminal(report, console), output, width=200)
+    get("scan", format)
+    report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
+    emit("scan", format, report, output)
     gated = report.models if (model_type or strict) else []
-    failing = [m for m in gated if m["status"] == "build_failed" or
-               any(f["severity"] == "error" for f in m["findings"])]
-    return 1 if failing else 0
+    return 1 if any(m.failing for m in gated) else 0

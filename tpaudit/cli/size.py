@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._options import (ArchitectureOpt, ModelArg, OutputOpt, PlanOpt, RevisionOpt, TableJsonOpt, TokenOpt,
-                       TrustRemoteCodeOpt, Units, UnitsOpt)
+from ._options import (ArchitectureOpt, ModelArg, OutputOpt, PlanOpt, RevisionOpt, TokenOpt, TrustRemoteCodeOpt,
+                       Units, UnitsOpt, format_option)
 
 SIZE_EXAMPLES = [
     "tpaudit size Qwen/Qwen3-VL-30B-A3B-Instruct --gpu H100-80GB --context 32768",
@@ -44,7 +44,7 @@ def size(
         "--overhead", help="Per-GPU overhead: bytes (4GiB) or a share of GPU memory (10%). Default: 1 GiB + 8%.")]
     = None,
     plan: PlanOpt = None,
-    format: TableJsonOpt = "table",
+    format: format_option("size") = "table",
     output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
@@ -62,7 +62,8 @@ def size(
     from ..sizing import parse_overhead, size_model
     from ..sources import open_source
     from ..units import parse_bytes
-    from ._output import emit_rich, write_output
+    from ..report import get
+    from ._output import emit
 
     if (gpu is None) == (gpu_memory is None):
         raise UsageError("pass exactly one of --gpu NAME or --gpu-memory BYTES (e.g. --gpu H100-80GB)")
@@ -79,8 +80,7 @@ def size(
             raise UsageError(f"--gpu-memory: {e}") from None
         if capacity <= 0:
             raise UsageError(f"--gpu-memory {gpu_memory} must be more than 0 bytes")
-    if format not in ("table", "json"):
-        raise UsageError(f"--format {format} is not supported by size. Pass table or json")
+    get("size", format)
     plan_override = load_plan_file(plan) if plan is not None else None
     source = open_source(model, revision=revision, token=token,
                          progress=format == "table" and sys.stdout.isatty())
@@ -88,12 +88,5 @@ def size(
                         ep_sizes=_int_list(ep, "--ep"), context=context, batch=batch, kv_dtype=kv_dtype,
                         overhead=parse_overhead(overhead), plan_override=plan_override, architecture=architecture,
                         trust_remote_code=trust_remote_code)
-    if format == "json":
-        from ..report.size import render_json
-
-        write_output(render_json(report), output)
-    else:
-        from ..report.size import render_terminal
-
-        emit_rich(lambda console: render_terminal(report, console, unit=units.value), output)
+    emit("size", format, report, output, unit=units.value)
     return 0 if report.recommended is not None else 1

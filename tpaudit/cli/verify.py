@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, ModelArg, OutputOpt, RevisionOpt, TableJsonOpt, TokenOpt,
-                       TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt)
+from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, ModelArg, OutputOpt, RevisionOpt, TokenOpt, TpOpt,
+                       TrustRemoteCodeOpt, Units, UnitsOpt, format_option)
 
 VERIFY_EXAMPLES = [
     "tpaudit verify ./tiny-moe --tp 2 --device cpu",
@@ -28,7 +28,7 @@ def verify(
                                "Hub, directory, snapshot); nothing is downloaded but headers.")] = False,
     dtype: DtypeOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a hung load is stopped.")] = 900,
-    format: TableJsonOpt = "table",
+    format: format_option("verify") = "table",
     output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
@@ -43,10 +43,10 @@ def verify(
     """
     from ..errors import UsageError
     from ..verify import run_as_worker, run_verify, under_torchrun
-    from ._output import emit_rich, write_output
+    from ..report import get
+    from ._output import emit
 
-    if format not in ("table", "json"):
-        raise UsageError(f"--format {format} is not supported by verify. Pass table or json")
+    get("verify", format)
     if under_torchrun():
         result, code = run_as_worker(model, tp_size=tp, ep_size=ep, dtype=dtype, architecture=architecture,
                                      trust_remote_code=trust_remote_code)
@@ -57,12 +57,5 @@ def verify(
                             dtype=dtype, architecture=architecture, trust_remote_code=trust_remote_code,
                             revision=revision, token=token, timeout=timeout)
         code = 0 if result.match else 1
-    if format == "json":
-        from ..report.verify import render_json
-
-        write_output(render_json(result), output)
-    else:
-        from ..report.verify import render_terminal
-
-        emit_rich(lambda console: render_terminal(result, console, unit=units.value), output)
+    emit("verify", format, result, output, unit=units.value)
     return code

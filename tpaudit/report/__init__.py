@@ -1,9 +1,82 @@
-"""Renderers: `Report` -> text. One module per output format; renderers never compute, they only draw.
+"""Renderers: a result -> text. One module per output format (or per command's formats); renderers never compute,
+they only draw what the result already holds.
 
-- `terminal.py`: rich tables for people (`--format table`, the default)
-- `json.py`: the versioned JSON contract (`--format json`)
-- `markdown.py`: a pull-request comment (`--format markdown`)
-- `sarif.py`: SARIF 2.1.0 for code scanning (`--format sarif`)
+Every renderer registers itself with `@renderer(command, format)`; the modules of this package are found, not
+listed, so a new output format is one new module here. The CLI's `--format` of each command offers exactly the formats
+registered for it (`formats(command)`).
 """
 
-FORMATS = ("table", "json", "markdown", "sarif")
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """One output format of one command.
+
+    Attributes:
+        command (`str`): `check`, `size`, `scan`, `verify`, `batch`.
+        name (`str`): the `--format` value (`table`, `json`, `markdown`, `sarif`, `html`).
+        fn (`Callable`): `fn(result, **options) -> str`, or with `rich=True` `fn(result, console, **options)`, which
+            draws on a rich console.
+        rich (`bool`): draws on a console (terminal tables).
+        width (`int`): console width when the output is not a terminal.
+    """
+
+    command: str
+    name: str
+    fn: Callable
+    rich: bool = False
+    width: int = 160
+
+
+_REGISTRY: dict[tuple[str, str], Renderer] = {}
+
+
+def renderer(command: str, name: str, *, rich: bool = False, width: int = 160):
+    """Register `fn` as the `name` format of `command`. Refuses a second renderer for the same pair."""
+
+    def register(fn):
+        key = (command, name)
+        if key in _REGISTRY and _REGISTRY[key].fn is not fn:
+            raise ValueError(f"two renderers for {command} --format {name}: {_REGISTRY[key].fn.__name__}, "
+                             f"{fn.__name__}")
+        _REGISTRY[key] = Renderer(command, name, fn, rich, width)
+        return fn
+
+    return register
+
+
+def _load() -> None:
+    from .. import report
+
+    for module in pkgutil.iter_modules(report.__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def formats(command: str) -> list[str]:
+    """The `--format` values registered for `command`, `table` first."""
+    _load()
+    names = [name for (cmd, name) in _REGISTRY if cmd == command]
+    return sorted(names, key=lambda n: (n != "table", n))
+
+
+def get(command: str, name: str) -> Renderer:
+    """The renderer of `command --format name`.
+
+    Raises:
+        UsageError: no such format for this command (the message lists the ones there are).
+    """
+    _load()
+    r = _REGISTRY.get((command, name))
+    if r is None:
+        from ..errors import UsageError
+
+        raise UsageError(f"--format {name} is not a format of tpaudit {command}. Pass one of: "
+                         f"{', '.join(formats(command))}")
+    return r

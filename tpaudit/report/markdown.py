@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from . import renderer
 
 _ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
 
@@ -12,7 +13,8 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render(report: Report, *, unit: str = "GiB", max_rows: int = 30) -> str:
+@renderer("check", "markdown")
+def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str:
     """The report as GitHub-flavoured Markdown, ending with a newline."""
     sm = report.shard_map
     m = report.model
@@ -22,6 +24,7 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30) -> str:
     lines = [f"### {status} tpaudit: `{name}` at tp_size {sm.tp_size}, ep_size {sm.ep_size}", "",
              f"{plural(errors, 'error')}, {plural(warnings, 'warning')}, {plural(notes, 'note')} · "
              f"{unit_legend(unit)}", "",
+             *([f"> ⚠️ {_cell(report.versions['untested'])}", ""] if report.versions.get("untested") else []),
              "| | |", "|---|---|",
              f"| model | `{_cell(m.get('architecture'))}` ({_cell(m.get('model_type'))}, {m.get('dtype')}) |",
              f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]
@@ -33,11 +36,16 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30) -> str:
     if sm.world_size > 1:
         lines.append(f"| replicated on every rank | {format_int(report.replicated_bytes)} B "
                      f"({format_bytes(report.replicated_bytes, unit)}, {report.replicated_share:.2%} of the model) |")
-    kv = report.extra.get("kv_cache")
-    if kv:
-        worst = max(kv["bytes_per_token_per_rank"] or [0])
-        lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({kv['dtype']}; KV heads per rank: "
-                     f"{kv['kv_heads_per_rank']}) |")
+    kv = report.kv_cache
+    if kv is not None:
+        worst = max(kv.bytes_per_token_per_rank or [0])
+        lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({kv.dtype}; KV heads per rank: "
+                     f"{kv.kv_heads_per_rank}) |")
+    if report.parity is not None:
+        p = report.parity
+        verdict = "matches the unsharded model" if p.passed else "**diverges**"
+        lines.append(f"| parity (sharded forward, tp_size {p.tp_size}) | {verdict}; {p.modules_compared} modules "
+                     f"compared |")
     if report.findings:
         lines += ["", "#### Findings", "", "| | code | target | message | fix |", "|---|---|---|---|---|"]
         for f in report.findings[:max_rows]:
@@ -51,14 +59,20 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30) -> str:
                   "| name | count | bytes | reason |", "|---|---:|---:|---|"]
         for fam in report.replicated[:max_rows]:
             lines.append(f"| `{_cell(fam.name)}` | {fam.count} | {format_bytes(fam.bytes, unit)} | {_cell(fam.reason)} |")
+        if len(report.replicated) > max_rows:
+            rest = report.replicated[max_rows:]
+            lines.append(f"| and {len(rest)} more families | {sum(f.count for f in rest)} | "
+                         f"{format_bytes(sum(f.bytes for f in rest), unit)} | `--format json` lists them all |")
         lines += ["", "</details>"]
     if report.unused_rules:
         lines += ["", "<details><summary>Rules that match nothing</summary>", ""]
         lines += [f"- `{r}`" for r in report.unused_rules]
         lines += ["", "</details>"]
-    suggestion = report.extra.get("suggestion")
-    if suggestion and suggestion.get("snippet"):
-        lines += ["", "#### Suggested plan", "", "```python", suggestion["snippet"].rstrip(), "```"]
+    if report.suggestion is not None and report.suggestion.snippet:
+        lines += ["", "#### Suggested plan", "", "```python", report.suggestion.snippet.rstrip(), "```"]
+    if report.baseline is not None:
+        lines += ["", f"{report.baseline.suppressed} finding(s) accepted by the baseline `{report.baseline.file}` are "
+                      "not shown."]
     if report.notes:
         lines += ["", "<details><summary>Notes</summary>", ""] + [f"- {_cell(n)}" for n in report.notes] + \
                  ["", "</details>"]

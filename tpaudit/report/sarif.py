@@ -1,41 +1,20 @@
 """`--format sarif`: SARIF 2.1.0 for code scanning. Each finding is a result whose `ruleId` is its code; its location
-is the file a user edits (the `--plan` file for plan findings when there is one, else the model's config) at the
-line that names the rule key or config attribute, and the parameter or rule as a logical location."""
+is the one the report stage worked out from the rule's declaration (`Finding.location`: the `--plan` file for plan
+findings when there is one, else the model's config, at the line that names the rule key or config attribute), and
+the parameter or rule as a logical location. Nothing is read or computed here."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..model import Report
+from . import renderer
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-_PLAN_KINDS = {"replicated_weight", "unused_rule", "no_plan", "packed_layout", "quant_metadata_sharded"}
 
 
-def _line_of(path: str | None, needle: str) -> int | None:
-    if not path or not needle:
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    for i, line in enumerate(text.splitlines(), 1):
-        if needle in line:
-            return i
-    return None
-
-
-def _artifact(report: Report, kind: str, plan_path: str | None) -> str | None:
-    if plan_path and kind in _PLAN_KINDS:
-        return plan_path
-    m = report.model
-    if m.get("kind") == "hub" and m.get("repo_id"):
-        return f"https://huggingface.co/{m['repo_id']}/blob/{m.get('commit') or 'main'}/config.json"
-    return m.get("config_path")
-
-
-def render(report: Report, *, plan_path: str | None = None) -> str:
+@renderer("check", "sarif")
+def render(report: Report, **_) -> str:
     """The report as a SARIF 2.1.0 log (one run), ending with a newline."""
     from ..checks.registry import get_rule
 
@@ -56,16 +35,11 @@ def render(report: Report, *, plan_path: str | None = None) -> str:
         })
     results = []
     for f in report.findings:
-        uri = _artifact(report, f.kind, plan_path)
-        needle_key = f.facts.get("relative_key") if isinstance(f.facts, dict) else None
-        needle = f'"{f.target.rpartition(".")[2]}"' if f.kind in ("indivisible_dim", "kv_heads_per_rank") else \
-            f'"{needle_key or f.target}"'
         location: dict = {"logicalLocations": [{"fullyQualifiedName": f.target, "kind": "member"}]}
-        if uri:
-            physical: dict = {"artifactLocation": {"uri": uri}}
-            line = _line_of(uri if not uri.startswith("https://") else None, needle.strip('"'))
-            if line:
-                physical["region"] = {"startLine": line}
+        if f.location is not None and f.location.path:
+            physical: dict = {"artifactLocation": {"uri": f.location.path}}
+            if f.location.line:
+                physical["region"] = {"startLine": f.location.line}
             location["physicalLocation"] = physical
         text = f.message + (f" Fix: {f.fix}." if f.fix else "")
         results.append({

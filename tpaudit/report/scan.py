@@ -4,69 +4,50 @@ with a coverage heat map (no network at view time: inline CSS and a few lines of
 from __future__ import annotations
 
 import html
-import json
 
 from ..scan import COMPONENTS, ScanReport
+from . import renderer
 from ..units import format_bytes, plural
 
 
-def render_json(report: ScanReport) -> str:
-    """The scan as indented `tpaudit/scan/v1` JSON text (sizes in integer bytes), ending with a newline."""
-    return json.dumps(report.to_json(), indent=2) + "\n"
-
-
-def _share(model: dict) -> float | None:
-    if not model.get("total_param_bytes"):
-        return None
-    return (model.get("replicated_bytes") or 0) / model["total_param_bytes"]
-
-
-def _families(model: dict, limit: int = 3) -> str:
-    errs = [r["name"] for r in model.get("replicated", []) if r.get("severity") == "error"]
-    text = ", ".join(errs[:limit])
-    return text + (f" (+{len(errs) - limit})" if len(errs) > limit else "")
-
-
-def render_terminal(report: ScanReport, console, *, show_all: bool = False) -> None:
+@renderer("scan", "table", rich=True, width=200)
+def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_) -> None:
     """Print one row per model type (status, error count, replicated bytes and share, error families) on `console`."""
     from rich.table import Table
     from rich.text import Text
 
-    data = report.to_json()
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(data["counts"].items()))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items()))
     console.print(Text(f"tpaudit scan · tp_size {report.tp_size} · {plural(len(report.models), 'model type')} "
                        f"({counts}) · {report.seconds:.0f} s", style="bold"))
     t = Table(header_style="bold")
     for col in ("model_type", "status", "errors", "replicated", "share", "replicated families (error)", "unused rules"):
         t.add_column(col, overflow="fold")
     for m in report.models:
-        if not show_all and m["status"] in ("no_model_class",) and not report.selected:
+        if not show_all and m.status in ("no_model_class",) and not report.selected:
             continue
-        errors = sum(1 for f in m["findings"] if f["severity"] == "error")
-        share = _share(m)
-        style = "red" if errors else ("dim" if m["status"] != "ok" else "")
-        t.add_row(m["model_type"], m["status"] + (f": {m['reason'][:60]}" if m["status"] == "build_failed" else ""),
-                  str(errors), format_bytes(m["replicated_bytes"]) if m["replicated_bytes"] is not None else "-",
-                  f"{share:.1%}" if share is not None else "-", _families(m), str(len(m["unused_rules"])),
+        share = m.replicated_share
+        style = "red" if m.errors else ("dim" if m.status != "ok" else "")
+        t.add_row(m.model_type, m.status + (f": {(m.reason or '')[:60]}" if m.status == "build_failed" else ""),
+                  str(m.errors), format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else "-",
+                  f"{share:.1%}" if share is not None else "-", m.error_families(), str(len(m.unused_rules)),
                   style=style)
     console.print(t)
 
 
-def render_markdown(report: ScanReport) -> str:
+@renderer("scan", "markdown")
+def render_markdown(report: ScanReport, **_) -> str:
     """The scan as a Markdown table for a pull-request comment (model types without a model class left out)."""
-    data = report.to_json()
     lines = [f"### tpaudit scan: tp_size {report.tp_size}", "",
-             f"{len(report.models)} model types: " + ", ".join(f"{k} {v}" for k, v in sorted(data["counts"].items())),
+             f"{len(report.models)} model types: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())),
              "", "| model_type | status | errors | replicated | share | replicated families (error) |",
              "|---|---|---:|---:|---:|---|"]
     for m in report.models:
-        if m["status"] == "no_model_class":
+        if m.status == "no_model_class":
             continue
-        errors = sum(1 for f in m["findings"] if f["severity"] == "error")
-        share = _share(m)
-        lines.append(f"| `{m['model_type']}` | {m['status']} | {errors} | "
-                     f"{format_bytes(m['replicated_bytes']) if m['replicated_bytes'] is not None else '-'} | "
-                     f"{f'{share:.1%}' if share is not None else '-'} | {_families(m).replace('|', '/')} |")
+        share = m.replicated_share
+        lines.append(f"| `{m.model_type}` | {m.status} | {m.errors} | "
+                     f"{format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else '-'} | "
+                     f"{f'{share:.1%}' if share is not None else '-'} | {m.error_families().replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,19 +88,18 @@ document.querySelectorAll('th').forEach(function(th, col){
 """
 
 
-def render_html(report: ScanReport) -> str:
+@renderer("scan", "html")
+def render_html(report: ScanReport, **_) -> str:
     """One self-contained page: architecture x component heat map coloured by the replicated share, sortable."""
-    data = report.to_json()
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in COMPONENTS)
     rows = []
     for m in report.models:
-        if m["status"] == "no_model_class":
+        if m.status == "no_model_class":
             continue
-        errors = sum(1 for f in m["findings"] if f["severity"] == "error")
-        share = _share(m)
+        errors, share = m.errors, m.replicated_share
         cells = []
         for comp in COMPONENTS:
-            entry = m.get("components", {}).get(comp)
+            entry = m.components.get(comp)
             if not entry or not entry["bytes"]:
                 cells.append('<td class="cell" data-v="-1" style="background:#f7f7f7"></td>')
                 continue
@@ -128,17 +108,17 @@ def render_html(report: ScanReport) -> str:
                                 "replicated on every rank")
             cells.append(f'<td class="cell" data-v="{s:.4f}" title="{title}" style="background:{_colour(s)}">'
                          f"{s:.0%}</td>")
-        fams = html.escape(_families(m, 4))
-        reason = html.escape(m.get("reason") or "")
+        fams = html.escape(m.error_families(4))
+        reason = html.escape(m.reason or "")
         rows.append(
-            f"<tr><td>{html.escape(m['model_type'])}</td><td title=\"{reason}\">{html.escape(m['status'])}</td>"
+            f"<tr><td>{html.escape(m.model_type)}</td><td title=\"{reason}\">{html.escape(m.status)}</td>"
             f'<td class="num" data-v="{errors}">{errors}</td>'
             f'<td class="num" data-v="{share if share is not None else -1:.4f}">'
             f"{'' if share is None else f'{share:.1%}'}</td>"
-            f'<td class="num" data-v="{m.get("total_param_bytes") or 0}">'
-            f"{format_bytes(m['total_param_bytes']) if m.get('total_param_bytes') else ''}</td>"
+            f'<td class="num" data-v="{m.total_param_bytes or 0}">'
+            f"{format_bytes(m.total_param_bytes) if m.total_param_bytes else ''}</td>"
             + "".join(cells) + f"<td>{fams}</td></tr>")
-    counts = ", ".join(f"{k}: {v}" for k, v in sorted(data["counts"].items()))
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(report.counts.items()))
     versions = html.escape(", ".join(f"{k} {v}" for k, v in report.versions.items()))
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..sizing import SizeReport
 from ..units import format_bytes, unit_legend
+from . import renderer
 
 _BAR = 48
-
-
-def render_json(report: SizeReport) -> str:
-    """The sizing as indented `tpaudit/size/v1` JSON text (sizes in integer bytes), ending with a newline."""
-    return json.dumps(report.to_json(), indent=2) + "\n"
 
 
 def _bar(rank, capacity: int) -> Text:
@@ -36,7 +30,8 @@ def _bar(rank, capacity: int) -> Text:
     return text
 
 
-def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB") -> None:
+@renderer("size", "table", rich=True)
+def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", **_) -> None:
     """Print the options table, invalid reasons, one bar per option (worst rank) and one per rank of the
     recommended option."""
     cap = report.gpu["memory_bytes"]

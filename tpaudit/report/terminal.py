@@ -1,7 +1,12 @@
-"""`--format table`: the report for people, drawn with rich. Sizes name their unit (GiB = 2**30 B by default, or
-GB = 10**9 B with `--units GB`); exact byte counts stand beside them where a number decides something."""
+"""`--format table`: the report for people, drawn with rich. What decides something comes first: the summary, then the
+findings (errors first), then the largest replicated families, then the parameters collapsed by module family and
+sorted by bytes (`--params` draws the full per-parameter table). Sizes name their unit (GiB = 2**30 B by default, or
+GB = 10**9 B with `--units GB`); exact byte counts stand beside them where a number decides something. Copyable
+snippets (`--suggest`) are printed unwrapped."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from rich.console import Console, Group
 from rich.markup import escape
@@ -11,9 +16,12 @@ from rich.text import Text
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from . import renderer
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 _SHARDING_MARK = {"sharded": "", "replicated_by_rule": "=", "unsharded": "✗"}
+FAMILY_ROWS = 12
+REPLICATED_ROWS = 8
 
 
 def _shape(shape) -> str:
@@ -46,45 +54,17 @@ def _summary(report: Report, unit: str) -> Table:
     if sm.world_size > 1:
         t.add_row("replicated", f"{format_int(report.replicated_bytes)} B ({format_bytes(report.replicated_bytes, unit)}"
                                 f"), {report.replicated_share:.2%} of the model, held whole by every rank")
-    t.add_row("findings", f"{plural(report.count('error'), 'error')}, {plural(report.count('warning'), 'warning')}, "
-                          f"{plural(report.count('note'), 'note')}")
-    return t
-
-
-def _params_table(report: Report, unit: str, width: int) -> Table:
-    """Full table on wide terminals; on narrow ones (< 140 columns) the whole shape, dtype and whole bytes drop out
-    (they are in `--format json`)."""
-    sm = report.shard_map
-    worst = sm.worst_rank
-    wide = width >= 140
-    t = Table(title="Parameters by generic name (✗ replicated: no rule shards it · '=' kept whole on purpose by "
-                    "its rule)",
-              title_justify="left", header_style="bold")
-    t.add_column("", width=1)
-    t.add_column("name", overflow="fold", ratio=3)
-    t.add_column("n", justify="right")
-    t.add_column("style", overflow="fold", ratio=1)
-    if wide:
-        t.add_column("shape", overflow="fold", ratio=1)
-        t.add_column("dtype")
-    t.add_column(f"rank {worst} shape" if sm.world_size > 1 else "shape", overflow="fold", ratio=1)
-    if wide:
-        t.add_column("whole", justify="right")
-    t.add_column(f"rank {worst}", justify="right")
-    for g in report.groups:
-        mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
-        style = "red" if mark == "✗" and any(f.target == g.generic_name and f.severity == "error"
-                                             for f in report.findings) else ""
-        tied = f" (tied to {g.tied_to})" if g.tied_to else ""
-        local = g.local_shape_rank0 if worst == 0 else g.local_shape_last
-        row = [mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-"]
-        if wide:
-            row += [_shape(g.global_shape), g.dtype]
-        row.append(_shape(local))
-        if wide:
-            row.append(format_bytes(g.total_bytes, unit))
-        row.append(format_bytes(g.rank_bytes[worst], unit))
-        t.add_row(*row)
+    t.add_row("findings", Text(f"{plural(report.count('error'), 'error')}, {plural(report.count('warning'), 'warning')}"
+                               f", {plural(report.count('note'), 'note')}",
+                               style="bold red" if report.has_errors else ""))
+    if report.versions.get("untested"):
+        t.add_row("transformers", Text(report.versions["untested"], style="yellow"))
+    if report.parity is not None:
+        p = report.parity
+        verdict = "matches the unsharded model" if p.passed else "DIVERGES"
+        t.add_row("parity", f"sharded forward at tp_size {p.tp_size} {verdict}"
+                            + (f" (max abs error {p.max_abs_error:.2g})" if p.max_abs_error is not None else "")
+                            + f", {p.modules_compared} modules compared, {p.seconds:.1f} s")
     return t
 
 
@@ -102,35 +82,138 @@ def _findings_table(report: Report) -> Table:
     return t
 
 
-def render(report: Report, console: Console, *, unit: str = "GiB", show_params: bool = True) -> None:
-    """Print `report` on `console`: summary, parameter table, unused rules, findings and notes."""
+def _replicated_table(report: Report, unit: str) -> Table:
+    t = Table(title=f"Largest replicated families (held whole by every rank; {len(report.replicated)} in all)",
+              title_justify="left", header_style="bold")
+    t.add_column("bytes", justify="right")
+    t.add_column("n", justify="right")
+    t.add_column("name", overflow="fold")
+    t.add_column("severity")
+    for fam in report.replicated[:REPLICATED_ROWS]:
+        style = _SEVERITY_STYLE.get(fam.severity or "", "dim")
+        t.add_row(format_bytes(fam.bytes, unit), str(fam.count), Text(fam.name, style=style),
+                  Text(fam.severity or "-", style=style))
+    if len(report.replicated) > REPLICATED_ROWS:
+        rest = report.replicated[REPLICATED_ROWS:]
+        t.add_row(format_bytes(sum(f.bytes for f in rest), unit), str(sum(f.count for f in rest)),
+                  Text(f"and {len(rest)} more families (--format json lists them all)", style="dim"), "")
+    return t
+
+
+def _family(name: str) -> str:
+    """`model.layers.*.self_attn.q_proj.weight` -> `model.layers.*.self_attn`: the module block a parameter sits in."""
+    parts = name.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 2 else parts[0]
+
+
+def _families_table(report: Report, unit: str, rows: int) -> Table:
+    sm = report.shard_map
+    worst = sm.worst_rank
+    buckets: OrderedDict[str, list] = OrderedDict()
+    for g in report.groups:
+        buckets.setdefault(_family(g.generic_name), []).append(g)
+    entries = []
+    for fam, groups in buckets.items():
+        counted = [g for g in groups if g.tied_to is None]
+        whole = sum(g.total_bytes for g in counted)
+        rank = sum(g.rank_bytes[worst] for g in counted)
+        styles = sorted({g.style or "-" for g in groups})
+        replicated = sum(g.total_bytes for g in counted if g.sharding == "unsharded") if sm.world_size > 1 else 0
+        entries.append((rank, fam, len(groups), styles, whole, replicated))
+    entries.sort(key=lambda e: (-e[0], e[1]))
+    t = Table(title=f"Parameters by module family, largest on rank {worst} first (--params for every parameter)",
+              title_justify="left", header_style="bold")
+    t.add_column(f"rank {worst}", justify="right")
+    t.add_column("whole", justify="right")
+    t.add_column("family", overflow="fold")
+    t.add_column("params", justify="right")
+    t.add_column("styles", overflow="fold")
+    t.add_column("replicated", justify="right")
+    for rank, fam, n, styles, whole, replicated in entries[:rows]:
+        t.add_row(format_bytes(rank, unit), format_bytes(whole, unit), fam, str(n), ", ".join(styles),
+                  Text(format_bytes(replicated, unit), style="red") if replicated else Text("-", style="dim"))
+    if len(entries) > rows:
+        rest = entries[rows:]
+        t.add_row(format_bytes(sum(e[0] for e in rest), unit), format_bytes(sum(e[4] for e in rest), unit),
+                  Text(f"and {len(rest)} more families", style="dim"), str(sum(e[2] for e in rest)), "", "")
+    return t
+
+
+def _params_table(report: Report, unit: str, width: int) -> Table:
+    """Full table on wide terminals; on narrow ones (< 140 columns) the whole shape, dtype and whole bytes drop out
+    (they are in `--format json`)."""
+    sm = report.shard_map
+    worst = sm.worst_rank
+    wide = width >= 140
+    errors = {name for f in report.findings if f.severity == "error" for name in f.facts.get("families", ())}
+    t = Table(title="Parameters by generic name (✗ replicated: no rule shards it · '=' kept whole on purpose by "
+                    "its rule)",
+              title_justify="left", header_style="bold")
+    t.add_column("", width=1)
+    t.add_column("name", overflow="fold", ratio=3)
+    t.add_column("n", justify="right")
+    t.add_column("style", overflow="fold", ratio=1)
+    if wide:
+        t.add_column("shape", overflow="fold", ratio=1)
+        t.add_column("dtype")
+    t.add_column(f"rank {worst} shape" if sm.world_size > 1 else "shape", overflow="fold", ratio=1)
+    if wide:
+        t.add_column("whole", justify="right")
+    t.add_column(f"rank {worst}", justify="right")
+    for g in report.groups:
+        mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
+        style = "red" if g.generic_name in errors else ""
+        tied = f" (tied to {g.tied_to})" if g.tied_to else ""
+        local = g.local_shape_rank0 if worst == 0 else g.first.local_shapes[worst]
+        row = [mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-"]
+        if wide:
+            row += [_shape(g.global_shape), g.dtype]
+        row.append(_shape(local))
+        if wide:
+            row.append(format_bytes(g.total_bytes, unit))
+        row.append(format_bytes(g.rank_bytes[worst], unit))
+        t.add_row(*row)
+    return t
+
+
+@renderer("check", "table", rich=True)
+def render(report: Report, console: Console, *, unit: str = "GiB", params: str = "families", **_) -> None:
+    """Print `report` on `console`: summary, findings, largest replicated families, parameters (by module family,
+    `params="all"` every parameter, `params="none"` none), unused rules, suggestion, notes."""
     title = f"tpaudit check · {unit_legend(unit)}"
     console.print(Panel(_summary(report, unit), title=title, title_align="left"))
-    if show_params:
-        console.print(_params_table(report, unit, console.width))
-    if report.unused_rules:
-        console.print(Text("Rules that match nothing: ", style="bold") + Text(", ".join(report.unused_rules)))
     if report.findings:
         console.print(_findings_table(report))
     else:
         console.print(Text("No findings.", style="green"))
-    for key, section in report.extra.items():
-        renderer = _EXTRA.get(key)
-        if renderer:
-            console.print(renderer(section, unit))
+    if report.replicated and report.shard_map.world_size > 1:
+        console.print(_replicated_table(report, unit))
+    if params == "all":
+        console.print(_params_table(report, unit, console.width))
+    elif params == "families":
+        console.print(_families_table(report, unit, FAMILY_ROWS))
+    if report.unused_rules:
+        console.print(Text("Rules that match nothing: ", style="bold") + Text(", ".join(report.unused_rules)))
+    if report.kv_cache is not None:
+        console.print(_kv(report.kv_cache))
+    if report.suggestion is not None:
+        _suggestion(report.suggestion, unit, console)
+    if report.baseline is not None:
+        console.print(Text(f"baseline {report.baseline.file}: {report.baseline.suppressed} known finding(s) not shown",
+                           style="dim"))
     if report.notes:
         console.print(Group(*[Text("note: ", style="dim bold") + Text(n, style="dim") for n in report.notes]))
 
 
-def _kv(section: dict, unit: str):
-    per_rank = section["bytes_per_token_per_rank"]
+def _kv(section) -> Text:
+    per_rank = section.bytes_per_token_per_rank
     worst = max(per_rank) if per_rank else 0
-    layers = ", ".join(f"{n} {k}" for k, n in sorted(section["layers"].items()))
+    layers = ", ".join(f"{n} {k}" for k, n in sorted(section.layers.items()))
     text = Text("KV cache: ", style="bold")
-    text.append(f"{format_int(worst)} B per token on the worst rank ({section['dtype']}; KV heads: "
-                f"{section['kv_heads']} in all, {_heads(section['kv_heads_per_rank'])} per rank; layers: {layers}")
-    if section.get("windows"):
-        text.append(f"; sliding windows {section['windows']} tokens")
+    text.append(f"{format_int(worst)} B per token on the worst rank ({section.dtype}; KV heads: "
+                f"{section.kv_heads} in all, {_heads(section.kv_heads_per_rank)} per rank; layers: {layers}")
+    if section.windows:
+        text.append(f"; sliding windows {section.windows} tokens")
     text.append(")")
     return text
 
@@ -140,23 +223,16 @@ def _heads(value) -> str:
     return " / ".join(f"{v:g}" for v in values)
 
 
-def _suggestion(section: dict, unit: str):
-    parts = []
-    if section.get("snippet"):
-        before, after = section["before"], section["after"]
-        parts.append(Text("Suggested plan ", style="bold") + Text(
+def _suggestion(section, unit: str, console: Console) -> None:
+    if section.snippet:
+        before, after = section.before, section.after
+        console.print(Text("Suggested plan ", style="bold") + Text(
             f"(re-simulated: worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
             f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
-        parts.append(Text(section["snippet"].rstrip(), no_wrap=True, overflow="ignore"))  # pasteable as is
+        # Meant to be copied: never wrapped or cropped at the terminal's width.
+        console.print(section.snippet.rstrip(), soft_wrap=True, markup=False, highlight=False)
     else:
-        parts.append(Text("No rule to suggest: no sibling architecture shards the replicated families.", style="bold"))
-    for item in section.get("unresolved", []):
-        parts.append(Text("not proposed: ", style="dim bold") + Text(item, style="dim"))
-    return Group(*parts)
-
-
-def _baseline(section: dict, unit: str):
-    return Text(f"baseline {section['file']}: {section['suppressed']} known finding(s) not shown", style="dim")
-
-
-_EXTRA: dict = {"kv_cache": _kv, "suggestion": _suggestion, "baseline": _baseline}
+        console.print(Text("No rule to suggest: no sibling architecture shards the replicated families.",
+                           style="bold"))
+    for item in section.unresolved:
+        console.print(Text("not proposed: ", style="dim bold") + Text(item, style="dim"))

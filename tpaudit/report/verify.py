@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import json
-
 from ..units import format_bytes, format_int
 from ..verify import VerifyResult
+from . import renderer
 
 
-def render_json(result: VerifyResult) -> str:
-    """The comparison as indented `tpaudit/verify/v1` JSON text (sizes in integer bytes), ending with a newline."""
-    return json.dumps(result.to_json(), indent=2) + "\n"
-
-
-def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: int = 20) -> None:
+@renderer("verify", "table", rich=True)
+def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: int = 20, **_) -> None:
     """Print the verdict, predicted against measured bytes per rank, and the first `limit` parameter mismatches."""
     from rich.table import Table
     from rich.text import Text

@@ -1,0 +1,199 @@
+"""The seam: tpaudit's copies of transformers logic (`tpaudit.compat.logic`) against transformers' own functions, on
+many inputs, in whichever supported release is installed; and the capability gate."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """Every `base_model_tp_plan` / `base_model_ep_plan` the installed transformers ships (hundreds of real rules)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    out = []
+    for model_type in CONFIG_MAPPING.keys():
+        try:
+            cls = CONFIG_MAPPING[model_type]
+        except Exception:  # noqa: BLE001 - a config module that cannot import here
+            continue
+        for attr in ("base_model_tp_plan", "base_model_ep_plan"):
+            plan = getattr(cls, attr, None)
+            if isinstance(plan, dict) and plan:
+                out.append(dict(plan))
+    assert len(out) > 100
+    return out
+
+
+@pytest.fixture(scope="module")
+def names(plans):
+    """Concrete names derived from the plans' keys (layer/expert numbers filled in) plus weights, biases and scales
+    of each, and names with digits inside components."""
+    out = set()
+    for plan in plans:
+        for key in plan:
+            for n in (0, 7, 61):
+                concrete = key.replace("*", str(n))
+                out.update({concrete, f"model.{concrete}", f"{concrete}.weight", f"{concrete}.bias",
+                            f"{concrete}.weight_scale_inv", f"model.language_model.{concrete}.weight"})
+    out.update({"w1", "layers.0.w1.weight", "h.11.attn.c_attn.weight", "blocks.3.0.conv.weight", "a.b10.c",
+                "x.1", "1.x", "model.layers.12", ".0.", "layers.0.mlp.experts.13.w2.weight"})
+    return sorted(out)
+
+
+def test_generic_name_is_transformers_own(names):
+    from transformers.distributed.parallel_utils import replace_layer_number_by_wildcard
+
+    from tpaudit.compat.logic import generic_name
+
+    for name in names:
+        assert generic_name(name) == replace_layer_number_by_wildcard(name), name
+
+
+def test_parameter_rule_is_transformers_own(plans, names):
+    from transformers.distributed.parallel_utils import _get_parameter_plan
+
+    from tpaudit.compat.logic import parameter_rule
+
+    checked = 0
+    for plan, name, is_weight in itertools.product(plans[:150], names[:400], (True, False)):
+        key = parameter_rule(name, plan, is_weight=is_weight)
+        assert (plan[key] if key is not None else None) == _get_parameter_plan(name, plan, is_weight=is_weight), \
+            (name, is_weight)
+        checked += key is not None
+    assert checked > 300  # many names actually match a rule
+
+
+def _meta_model(config):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _tiny_moe_config():
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                num_experts=4, num_experts_per_tok=2, vocab_size=128)
+
+
+def test_ep_dropped_rules_and_unused_rules_are_transformers_own():
+    """Resolve a real model with transformers at tp = ep = 2 and compare which TP rules survive, and which rules it
+    reports as matching nothing, with tpaudit's copies."""
+    from tpaudit.compat import backend
+    from tpaudit.compat.logic import ep_dropped_rules, generic_name, unused_rules
+
+    tf = backend()
+    model = _meta_model(_tiny_moe_config())
+    tp_rules, ep_rules = tf.merged_plans(model)
+    tf.set_merged_plans(model, {**tp_rules, "model.layers.*.mlp.no_such_proj": "colwise"}, ep_rules)
+    tp_rules, ep_rules = tf.merged_plans(model)
+    assert ep_rules  # qwen3_moe ships an EP plan
+    dc = tf.distributed_config(2, 2)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler, logger = Keep(), logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        applied_tp, _, _ = model._resolve_parallel_plans(dc)  # transformers' own, with its own logging
+    finally:
+        logger.removeHandler(handler)
+    tf.set_merged_plans(model, tp_rules, ep_rules)
+    survivors = {generic_name(k) for k in applied_tp}
+    dropped = set(ep_dropped_rules(tp_rules, ep_rules))
+    assert dropped  # the experts' TP rules
+    kept = {k: v for k, v in tp_rules.items() if k not in dropped}
+    for key in tp_rules:
+        applied = any(s == key or s.startswith(key + ".") for s in survivors)
+        if key in dropped:
+            assert not applied, key
+    # transformers validates the TP plan left after the drop and logs what matches nothing: the same set
+    import re
+
+    logged = re.search(r"`tp_plan` rules \[(.*?)\] match nothing", "\n".join(records))
+    theirs = tuple(sorted(x.strip().strip("'") for x in logged.group(1).split(","))) if logged else ()
+    assert unused_rules(kept, tf.model_names(model)) == theirs
+    assert "model.layers.*.mlp.no_such_proj" in theirs
+
+
+@pytest.mark.parametrize("style", ["colwise", "colwise_gather_output", "colwise_rep", "packed_colwise", "rowwise",
+                                   "rowwise_split_input", "rowwise_rep", "packed_rowwise"])
+def test_style_placements_are_transformers_own(style):
+    """Apply each linear style to a Linear with transformers on a fake process group: the weight's split axis, the
+    packed split factor and whether the output is gathered must be what `compat.logic` says."""
+    import torch
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+
+    from tpaudit.compat import _torch
+    from tpaudit.compat.logic import style_axis, style_gathers_output, style_split_factor
+
+    impl = ALL_PARALLEL_STYLES[style]
+    with torch.device("meta"):
+        linear = torch.nn.Linear(8, 16)
+    with _torch.fake_process_group(2):
+        mesh = _torch.device_mesh((2,), ("tp",))
+        impl.shard_param(linear, "weight", mesh)
+        kind, dim, sf, _ = _torch.describe_placement(linear.weight.placements[0])
+    assert {0: "out", 1: "in"}[dim % 2] == style_axis(style)
+    assert sf == style_split_factor(style)
+    from torch.distributed.tensor import Replicate
+
+    gathered = getattr(impl, "output_layouts", None) == Replicate() and style_axis(style) == "out"
+    assert gathered == style_gathers_output(style)
+
+
+def test_a_missing_capability_is_exit_2_naming_transformers(monkeypatch):
+    """A release whose probes fail: one line naming the release, what is missing, and the supported range."""
+    import tpaudit.compat as compat
+    from tpaudit.compat._probe import Capability
+    from tpaudit.compat.transformers_5_23 import Transformers523
+    from tpaudit.errors import ExitCode, UnsupportedVersionError
+
+    monkeypatch.setattr(Transformers523, "CAPABILITIES",
+                        Transformers523.CAPABILITIES + (Capability("transformers", "PreTrainedModel._gone_in_5_99"),))
+    compat.reset_for_tests()
+    try:
+        with pytest.raises(UnsupportedVersionError) as e:
+            compat.backend()
+        text = str(e.value)
+        assert f"transformers {compat.installed_version('transformers')}" in text
+        assert "PreTrainedModel._gone_in_5_99 does not exist" in text and ">=5.23,<5.25" in text
+        assert e.value.exit_code == ExitCode.INPUT
+    finally:
+        monkeypatch.undo()
+        compat.reset_for_tests()
+
+
+def test_a_parameter_the_seam_passes_is_probed():
+    from tpaudit.compat._probe import Capability
+
+    assert Capability("transformers.core_model_loading", "rename_source_key", ("source_key",)).missing() is None
+    assert "takes no no_such_arg" in Capability("transformers.core_model_loading", "rename_source_key",
+                                                ("no_such_arg",)).missing()
+    assert "cannot be imported" in Capability("transformers.no_such_module", "x").missing()
+
+
+def test_an_untested_release_that_passes_the_probes_runs_and_says_so(monkeypatch):
+    import tpaudit.compat as compat
+
+    real = compat.installed_version
+    monkeypatch.setattr(compat, "installed_version",
+                        lambda d: "5.25.0.dev0" if d == "transformers" else real(d))
+    compat.reset_for_tests()
+    try:
+        versions = compat.versions()
+        assert versions["transformers"] == "5.25.0.dev0"
+        assert "not a release tpaudit was tested with" in versions["untested"]
+    finally:
+        monkeypatch.undo()
+        compat.reset_for_tests()

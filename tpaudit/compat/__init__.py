@@ -1,0 +1,108 @@
+"""The seam: every contact tpaudit has with the internals of transformers and torch.
+
+tpaudit answers with transformers' own code (plan merging and resolution, TP/EP application, checkpoint renaming,
+quantizer module replacement). Several of those functions are private, so they are called from here only, through
+one object per transformers release line (`transformers_5_23.Transformers523` for 5.23.x and 5.24.x). The rest of
+tpaudit talks to that object's small typed interface (`backend()`): build a meta model, map checkpoint names,
+resolve plans, shard on a fake process group, read local shapes. Copies of transformers logic that must run without
+importing it live in `logic.py`, each pinned to the original by a test.
+
+**Gate on capability, not version number.** `backend()` probes, once per process, that the functions a line calls
+exist with the parameters it passes (`_probe.Capability`), newest line first. A release whose probes pass runs; when it
+is not one tpaudit was tested with, `backend().untested` says so and every report repeats it. A release whose probes
+fail raises `UnsupportedVersionError` (exit 2) naming the release and what is missing. A new release line is one new
+module with a subclass that overrides what changed, and one entry in `LINES`.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from ..errors import UnsupportedVersionError
+from ._types import (ConfigReadError, EmptyPlanError, ModuleFacts, PlanRejectedError, Placement,  # noqa: F401
+                     QuantizationInfo, Renamer, SeamError, ShardedParam)
+
+_ACTIVE = None
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution `dist`, or `None` when it is not installed (no import)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _lines():
+    from .transformers_5_23 import Transformers523
+
+    return (Transformers523,)  # newest first
+
+
+def _major_minor(version: str) -> str:
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2])
+
+
+def backend():
+    """The seam for the installed transformers and torch (probed once per process).
+
+    Returns:
+        The release line's backend object (`Transformers523`), with `versions` and `untested`.
+
+    Raises:
+        UnsupportedVersionError: transformers or torch is missing, or lacks a function the seam calls (the message
+            names the release and the first missing pieces).
+    """
+    global _ACTIVE
+    if _ACTIVE is not None:
+        return _ACTIVE
+    versions = {"transformers": installed_version("transformers"), "torch": installed_version("torch"),
+                "huggingface_hub": installed_version("huggingface_hub") or "unknown"}
+    for dist in ("transformers", "torch"):
+        if versions[dist] is None:
+            raise UnsupportedVersionError(
+                f"{dist} is not installed, and tpaudit simulates with it. Install it: "
+                "pip install torch==2.13.0 'transformers>=5.23,<5.25'")
+    failures = []
+    for line in _lines():
+        gaps = line.probe()
+        if not gaps:
+            tested = _major_minor(versions["transformers"]) in line.TESTED_RELEASES
+            _ACTIVE = line(versions, tested)
+            return _ACTIVE
+        failures.append((line, gaps))
+    line, gaps = failures[-1]
+    more = f" (and {len(gaps) - 2} more)" if len(gaps) > 2 else ""
+    raise UnsupportedVersionError(
+        f"transformers {versions['transformers']} (torch {versions['torch']}) lacks what tpaudit calls: "
+        f"{'; '.join(gaps[:2])}{more}. tpaudit needs transformers {line.SUPPORTED} (tested with "
+        f"{', '.join(r + '.x' for r in line.TESTED_RELEASES)}): pip install 'transformers{line.SUPPORTED}'")
+
+
+def untested_note(tf=None) -> str | None:
+    """A sentence for reports when the installed transformers passed the probes but is not a tested release."""
+    tf = tf or backend()
+    if tf.tested:
+        return None
+    return (f"transformers {tf.versions['transformers']} is not a release tpaudit was tested with "
+            f"({', '.join(r + '.x' for r in tf.TESTED_RELEASES)}); every function tpaudit calls is present with "
+            "the expected parameters, but results may differ from the loader's")
+
+
+def versions() -> dict[str, str]:
+    """`tpaudit`, `transformers`, `torch`, `huggingface_hub` versions (and `untested` when it applies)."""
+    from .. import __version__
+
+    tf = backend()
+    out = {"tpaudit": __version__, **tf.versions}
+    note = untested_note(tf)
+    if note:
+        out["untested"] = note
+    return out
+
+
+def reset_for_tests() -> None:
+    """Forget the probed backend (tests that fake a missing capability)."""
+    global _ACTIVE
+    _ACTIVE = None

@@ -1,0 +1,85 @@
+"""torch internals the seam uses (torch 2.13-2.14): the single-process `fake` process group and DTensor's own
+local-shape function. Imported lazily: `tpaudit --help` must not import torch."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from ._probe import Capability
+
+CAPABILITIES = (
+    Capability("torch.testing._internal.distributed.fake_pg", "FakeStore"),
+    Capability("torch.distributed", "init_device_mesh", ("device_type", "mesh_shape", "mesh_dim_names")),
+    Capability("torch.distributed.tensor._utils", "_compute_local_shape_and_global_offset",
+               ("global_shape", "mesh_shape", "my_coordinate", "placements", "skip_offset")),
+    Capability("torch.distributed.tensor", "DTensor"),
+    Capability("torch.distributed.tensor.placement_types", "_StridedShard"),
+)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int):
+    """Join torch's `fake` backend as rank 0 of `world_size` for the duration of the block (no communication).
+
+    Yields `True` when this block created the group, `False` when one was already initialised (e.g. under torchrun)
+    and is reused as it is.
+
+    Source: torch 2.13 `torch.testing._internal.distributed.fake_pg` (registers the `fake` backend).
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield False
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    excepthook = sys.excepthook  # init_process_group wraps it with a "[rank0]: " prefix
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield True
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = excepthook
+
+
+def device_mesh(shape: tuple[int, ...], names: tuple[str, ...]):
+    """A CPU `DeviceMesh` of `shape` named `names` (`torch.distributed.init_device_mesh`)."""
+    from torch.distributed import init_device_mesh
+
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def local_shape(global_shape, mesh_shape, coordinate, placements) -> tuple[int, ...]:
+    """The shape a rank at mesh `coordinate` holds of a DTensor with `placements`.
+
+    Source: torch 2.13 `distributed.tensor._utils._compute_local_shape_and_global_offset`, the function DTensor itself
+    uses for `to_local()` shapes (uneven shards follow `torch.chunk`: low ranks get `ceil(n / size)`).
+    """
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    shape, _ = _compute_local_shape_and_global_offset(tuple(global_shape), tuple(mesh_shape), list(coordinate),
+                                                     placements, skip_offset=True)
+    return tuple(int(x) for x in shape)
+
+
+def describe_placement(p) -> tuple[str, int | None, int, str]:
+    """`(kind, dim, split_factor, text)` of a torch placement: `("shard", 0, 1, "Shard(dim=0)")`,
+    `("strided_shard", 1, 2, "_StridedShard(dim=1, sf=2)")`, `("replicate", None, 1, "Replicate()")`."""
+    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(p, _StridedShard):
+        return "strided_shard", int(p.dim), int(p.split_factor or 1), str(p)
+    if isinstance(p, Replicate):
+        return "replicate", None, 1, str(p)
+    if isinstance(p, Partial):
+        return "partial", None, 1, str(p)
+    dim = getattr(p, "dim", None)
+    return ("shard" if dim is not None else type(p).__name__.lower()), dim, 1, str(p)
+
+
+def is_dtensor(t) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
