@@ -32,7 +32,7 @@ tensors (checkpoint tensors a quantizer adds to a module, see `ParamShard.origin
 copy carries no bytes, as in `ShardMap`).
 
 Not modelled: activations (they depend on batch, sequence length and activation checkpointing; reserve some with an
-activation budget), scalar optimizer step counters, and any data-parallel sharding of states (ZeRO/FSDP): the
+activation budget), scalar optimizer state (AdamW's step counter, Adafactor's RMS and step), and any data-parallel sharding of states (ZeRO/FSDP): the
 figures are per TP/EP rank with every state of its parameters held locally.
 """
 
@@ -59,8 +59,9 @@ OPTIMIZER_NOTES: dict[str, str] = {
     "adamw": "adamw: two moments (exp_avg, exp_avg_sq) per trainable element; the scalar step counter is not counted",
     "sgd": "sgd: one momentum buffer per trainable element (momentum > 0; plain SGD without momentum keeps none)",
     "adafactor": "adafactor: factored second moments, rows + columns over the last two dims of each local shard "
-                 "(>= 2-D), a full second moment for 1-D tensors, no first moment (beta1=None); as in the Adafactor "
-                 "paper (Shazeer & Stern 2018) and transformers.optimization.Adafactor",
+                 "(>= 2-D), a full second moment for 1-D tensors, no first moment (beta1=None); the scalar RMS and "
+                 "step are not counted; as in the Adafactor paper (Shazeer & Stern 2018) and "
+                 "transformers.optimization.Adafactor",
     "none": "no optimizer states (e.g. gradients only, or an optimizer kept elsewhere)",
 }
 ACTIVATIONS_NOTE = ("activations are not modelled: they depend on batch, sequence length and activation checkpointing; "
