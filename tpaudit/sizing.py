@@ -9,7 +9,8 @@ and uneven shards count on the rank that holds them. Per rank:
               fixed state per sequence (conv state + float32 recurrent state), held whole by every rank
     overhead  the overhead policy (below)
 
-The worst rank decides whether the option fits.
+The worst rank decides whether the option fits. An option whose plan splits a KV head (TPA102), or that
+transformers refuses to shard (experts that `ep_size` does not divide), is invalid, with the reason.
 
 Longest context, per option: `bytes_left_for_kv_cache = capacity - weights - overhead - linear-attention state` on
 each rank; `max_context_tokens` is the largest integer context whose KV cache for `batch` sequences, computed
@@ -18,8 +19,7 @@ config's `max_position_embeddings` (`max_context_cap_tokens`).
 
 Training (`training=TrainingSetup(...)`, see `training.py`): per rank, parameters + gradients + master weights +
 optimizer states + the activation budget + the same overhead, against the capacity; the recommendation is then the
-smallest valid option whose training states fit. An option whose plan splits a KV head (TPA102), or that
-transformers refuses to shard (experts that `ep_size` does not divide), is invalid, with the reason.
+smallest valid option whose training states fit.
 
 Overhead policy (default, documented in the README): 1 GiB per GPU for the CUDA context and communication buffers,
 plus 8% of the GPU's memory for the allocator's fragmentation and activation workspace. `--overhead 4GiB` replaces

@@ -32,8 +32,8 @@ tensors (checkpoint tensors a quantizer adds to a module, see `ParamShard.origin
 copy carries no bytes, as in `ShardMap`).
 
 Not modelled: activations (they depend on batch, sequence length and activation checkpointing; reserve some with an
-activation budget), scalar optimizer state (AdamW's step counter, Adafactor's RMS and step), and any data-parallel sharding of states (ZeRO/FSDP): the
-figures are per TP/EP rank with every state of its parameters held locally.
+activation budget), scalar optimizer state (AdamW's step counter, Adafactor's RMS and step), and any data-parallel
+sharding of states (ZeRO/FSDP): the figures are per TP/EP rank with every state of its parameters held locally.
 """
 
 from __future__ import annotations

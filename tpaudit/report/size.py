@@ -371,6 +371,7 @@ def _html_table(report: SizeReport, unit: str) -> str:
     out.append(f"</tbody></table><p class=\"notes\">All sizes for the worst rank; capacity {cap:,} B; totals "
                f"include the overhead ({_gib(report.overhead.bytes_for(cap), unit)} per GPU). Max context: the longest "
                f"context in tokens whose KV cache for {report.batch} sequence(s) fits next to the weights; "
-               "\"position cap\": the model's max_position_embeddings is reached first." + (" Training total = parameters + gradients + master weights + optimizer states + activation budget "
+               "\"position cap\": the model's max_position_embeddings is reached first."
+               + (" Training total = parameters + gradients + master weights + optimizer states + activation budget "
                   "+ overhead." if training else "") + "</p>")
     return "".join(out)
