@@ -12,6 +12,15 @@ and uneven shards count on the rank that holds them. Per rank:
 The worst rank decides whether the option fits. An option whose plan splits a KV head (TPA102), or that
 transformers refuses to shard (experts that `ep_size` does not divide), is invalid, with the reason.
 
+Longest context, per option: `bytes_left_for_kv_cache = capacity - weights - overhead - linear-attention state` on
+each rank; `max_context_tokens` is the largest integer context whose KV cache for `batch` sequences, computed
+exactly as the option's `kv_cache_bytes` is (`_kv_bytes`, same rounding), fits that on every rank, capped by the text
+config's `max_position_embeddings` (`max_context_cap_tokens`).
+
+Training (`training=TrainingSetup(...)`, see `training.py`): per rank, parameters + gradients + master weights +
+optimizer states + the activation budget + the same overhead, against the capacity; the recommendation is then the
+smallest valid option whose training states fit.
+
 Overhead policy (default, documented in the README): 1 GiB per GPU for the CUDA context and communication buffers,
 plus 8% of the GPU's memory for the allocator's fragmentation and activation workspace. `--overhead 4GiB` replaces
 it with a fixed amount, `--overhead 10%` with a share of the GPU's memory.
@@ -24,6 +33,8 @@ from typing import Any
 
 from .errors import UsageError
 from .model import ModelSource
+from .training import (ACTIVATIONS_NOTE, OPTIMIZER_NOTES, PER_RANK_NOTE, RankTraining, TrainingSetup,
+                       frozen_families, rank_training)
 
 SIZE_SCHEMA = "tpaudit/size/v1"
 DEFAULT_CONTEXT_BYTES = 1 << 30
@@ -92,6 +103,79 @@ class RankMemory:
 
 
 @dataclass(frozen=True)
+class ContextFit:
+    """The longest context one option holds.
+
+    Attributes:
+        bytes_left_for_kv_cache (`int`): `capacity - weights - overhead - linear-attention state` on the rank with
+            the least room (negative when the weights alone do not fit).
+        max_context_tokens (`int`, *optional*): the largest integer context whose KV cache for `batch` sequences
+            fits on every rank, at most `cap_tokens`; 0 when not even one token fits; `None` when nothing limits it
+            (no per-token cache growing with the context, and no `max_position_embeddings`).
+        cap_tokens (`int`, *optional*): the text config's `max_position_embeddings`, `None` when it has none.
+        limited_by (`str`): `"memory"`, `"max_position_embeddings"` (the cap is reached before memory runs out),
+            `"weights"` (no room for even one token) or `"nothing"`.
+        rank (`int`, *optional*): the rank whose memory limits the context (`None` unless `limited_by` is memory or
+            weights).
+    """
+
+    bytes_left_for_kv_cache: int
+    max_context_tokens: int | None
+    cap_tokens: int | None
+    limited_by: str
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The option's context keys: `bytes_left_for_kv_cache`, `max_context_tokens`, `max_context_cap_tokens`,
+        `max_context_limited_by`, `max_context_rank`."""
+        return {"bytes_left_for_kv_cache": self.bytes_left_for_kv_cache,
+                "max_context_tokens": self.max_context_tokens, "max_context_cap_tokens": self.cap_tokens,
+                "max_context_limited_by": self.limited_by, "max_context_rank": self.rank}
+
+
+@dataclass(frozen=True)
+class TrainingFit:
+    """One option's model states for training, per rank, against the GPU's capacity.
+
+    Attributes:
+        ranks (`tuple[RankTraining, ...]`): every rank (see `training.rank_training`).
+        overhead_bytes (`int`): the overhead policy's bytes per GPU.
+        capacity_bytes (`int`): the GPU's memory.
+    """
+
+    ranks: tuple[RankTraining, ...]
+    overhead_bytes: int
+    capacity_bytes: int
+
+    @property
+    def worst(self) -> RankTraining:
+        """The rank with the largest model states + activation budget (the lowest such rank)."""
+        return max(self.ranks, key=lambda r: (r.total_bytes, -r.rank))
+
+    def required_bytes(self, rank: RankTraining) -> int:
+        """What `rank` needs on its GPU: model states + activation budget + overhead."""
+        return rank.total_bytes + self.overhead_bytes
+
+    @property
+    def fits(self) -> bool:
+        """The worst rank's model states + activation budget + overhead are at most the capacity."""
+        return self.required_bytes(self.worst) <= self.capacity_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        """The option's `training` object: the worst rank's components, `worst_rank_total_bytes` (model states +
+        activation budget), overhead, `required_bytes` (+ overhead), `free_bytes`, `fits` and `ranks`."""
+        w = self.worst
+        return {"worst_rank": w.rank, "param_bytes": w.param_bytes, "grad_bytes": w.grad_bytes,
+                "master_weight_bytes": w.master_weight_bytes, "optimizer_bytes": w.optimizer_bytes,
+                "activation_budget_bytes": w.activation_budget_bytes,
+                "model_state_bytes": w.model_state_bytes, "worst_rank_total_bytes": w.total_bytes,
+                "overhead_bytes": self.overhead_bytes, "required_bytes": self.required_bytes(w),
+                "free_bytes": self.capacity_bytes - self.required_bytes(w), "fits": self.fits,
+                "trainable_elements": w.trainable_elements, "frozen_elements": w.frozen_elements,
+                "ranks": [r.to_json() for r in self.ranks]}
+
+
+@dataclass(frozen=True)
 class SizeOption:
     """One (tp_size, ep_size) choice.
 
@@ -104,6 +188,9 @@ class SizeOption:
         capacity_bytes (`int`): the GPU's memory.
         total_param_bytes (`int`): the whole model, for the naive `total / N` comparison.
         errors (`list[str]`): codes and targets of the error findings of this option (context, not a verdict).
+        context_fit (`ContextFit`, *optional*): the longest context that fits (`None` when the simulation could not
+            run).
+        training (`TrainingFit`, *optional*): model states for training, when asked for.
     """
 
     tp_size: int
@@ -115,6 +202,13 @@ class SizeOption:
     capacity_bytes: int
     total_param_bytes: int
     errors: list[str] = field(default_factory=list)
+    context_fit: ContextFit | None = None
+    training: TrainingFit | None = None
+
+    @property
+    def training_fits(self) -> bool:
+        """Valid, and the worst rank's training states + activation budget + overhead fit (False without training)."""
+        return self.valid and self.training is not None and self.training.fits
 
     @property
     def worst(self) -> RankMemory | None:
@@ -132,7 +226,12 @@ class SizeOption:
         return -(-self.total_param_bytes // max(self.tp_size, self.ep_size))
 
     def to_json(self) -> dict[str, Any]:
+        """The option as JSON: worst-rank serving figures, the longest context, `training` (`null` unless asked
+        for), and every rank."""
         w = self.worst
+        ctx = self.context_fit.to_json() if self.context_fit else dict.fromkeys(
+            ("bytes_left_for_kv_cache", "max_context_tokens", "max_context_cap_tokens", "max_context_limited_by",
+             "max_context_rank"))
         return {
             "tp_size": self.tp_size, "ep_size": self.ep_size, "valid": self.valid, "reason": self.reason,
             "worst_rank": w.rank if w else None,
@@ -146,6 +245,8 @@ class SizeOption:
             "fits": self.fits,
             "naive_param_bytes": self.naive_param_bytes,
             "errors": self.errors,
+            **ctx,
+            "training": self.training.to_json() if self.training else None,
             "ranks": [{"rank": r.rank, "param_bytes": r.param_bytes, "kv_cache_bytes": r.kv_cache_bytes,
                        "state_bytes": r.state_bytes, "overhead_bytes": r.overhead_bytes,
                        "total_bytes": r.total_bytes} for r in self.ranks],
@@ -165,14 +266,19 @@ class SizeReport:
     options: tuple[SizeOption, ...]
     versions: dict[str, str]
     notes: tuple[str, ...] = ()
+    training: TrainingSetup | None = None
+    training_notes: tuple[str, ...] = ()
+    frozen: tuple[dict, ...] = ()
 
     @property
     def recommended(self) -> SizeOption | None:
-        """The smallest valid (tp, ep) that fits, `None` when none does."""
-        fitting = [o for o in self.options if o.fits]
+        """The smallest valid (tp, ep) that fits, `None` when none does. With `training`, "fits" means the model
+        states (+ activation budget + overhead) fit; else the weights + KV cache (+ overhead) do."""
+        fitting = [o for o in self.options if (o.training_fits if self.training else o.fits)]
         return min(fitting, key=lambda o: (o.tp_size, o.ep_size)) if fitting else None
 
     def to_json(self) -> dict[str, Any]:
+        """The `tpaudit/size/v1` JSON object (sizes in integer bytes)."""
         rec = self.recommended
         return {
             "schema": SIZE_SCHEMA, "model": self.model, "gpu": self.gpu, "context": self.context,
@@ -182,6 +288,9 @@ class SizeReport:
                                 "description": self.overhead.describe()},
             "options": [o.to_json() for o in self.options],
             "recommended": {"tp_size": rec.tp_size, "ep_size": rec.ep_size} if rec else None,
+            "recommended_for": "training" if self.training else "serving",
+            "training": ({**self.training.to_json(), "notes": list(self.training_notes),
+                          "frozen_parameters": list(self.frozen)} if self.training else None),
             "versions": self.versions, "notes": list(self.notes),
         }
 
@@ -202,16 +311,111 @@ def _kv_heads_split(kv: dict | None) -> str | None:
 
 
 def _kv_bytes(kv: dict, rank: int, context: int, batch: int, scale: float) -> int:
+    """KV-cache bytes of `rank` for `batch` sequences of `context` tokens: full-context layers grow with `context`,
+    windowed layers stop at their window; per-token bytes are in the model dtype, `scale` converts to the cache
+    dtype, and the product is rounded once, to the nearest byte."""
     full = kv["full_context_bytes_per_token_per_rank"][rank] * context
     windowed = sum(per_rank[rank] * min(int(w), context) for w, per_rank in kv["window_bytes_per_token_by_window"].items())
     return int(round((full + windowed) * batch * scale))
+
+
+def max_context_for_rank(kv: dict, rank: int, batch: int, scale: float, budget: int) -> int | None:
+    """The largest integer context `c` with `_kv_bytes(kv, rank, c, batch, scale) <= budget`.
+
+    `_kv_bytes` does not decrease as the context grows, so an exponential then a binary search over it finds the
+    exact bound with the same arithmetic (and rounding) the option's `kv_cache_bytes` uses.
+
+    Args:
+        kv (`dict`): the report's `kv_cache` section.
+        rank (`int`): the rank.
+        batch (`int`): sequences.
+        scale (`float`): cache itemsize / model itemsize.
+        budget (`int`): bytes the rank has for its KV cache.
+
+    Returns:
+        The context in tokens (0 when not even one token fits), or `None` when the cache stops growing (only
+        windowed layers, or none) and its largest size fits: no context is too long.
+    """
+    def fits(c: int) -> bool:
+        return _kv_bytes(kv, rank, c, batch, scale) <= budget
+
+    if not fits(1):
+        return 0
+    if kv["full_context_bytes_per_token_per_rank"][rank] * scale * batch == 0:
+        longest = max((int(w) for w in kv["window_bytes_per_token_by_window"]), default=1)
+        if fits(longest):
+            return None
+        lo, hi = 1, longest            # fits(lo), not fits(hi)
+    else:
+        lo, hi = 1, 2
+        while fits(hi):
+            lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+_TEXT_CONFIG_KEYS = ("text_config", "decoder", "generator", "llm_config", "language_config")
+
+
+def max_position_embeddings(config: dict) -> int | None:
+    """The text model's `max_position_embeddings` from a `config.json` dict: the first text sub-config that has it
+    (`text_config`, `decoder`, `generator`, `llm_config`, `language_config`, as transformers'
+    `PretrainedConfig.get_text_config` looks for them), else the top level; `None` when neither says."""
+    for key in _TEXT_CONFIG_KEYS:
+        sub = config.get(key)
+        if isinstance(sub, dict) and isinstance(sub.get("max_position_embeddings"), int):
+            return sub["max_position_embeddings"]
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def context_fit(kv: dict | None, param_bytes: tuple[int, ...], *, capacity_bytes: int, overhead_bytes: int,
+                state_bytes: int, batch: int, scale: float, cap_tokens: int | None) -> ContextFit:
+    """The longest context one option holds on every rank.
+
+    Args:
+        kv (`dict`, *optional*): the report's `kv_cache` section (`None`: the model has no KV cache tpaudit knows).
+        param_bytes (`tuple[int, ...]`): each rank's weights.
+        capacity_bytes (`int`), overhead_bytes (`int`): per GPU.
+        state_bytes (`int`): fixed per-rank state of linear-attention layers for `batch` sequences.
+        batch (`int`): sequences.
+        scale (`float`): cache itemsize / model itemsize.
+        cap_tokens (`int`, *optional*): `max_position_embeddings`.
+
+    Returns:
+        `ContextFit`.
+    """
+    budgets = [capacity_bytes - b - overhead_bytes - state_bytes for b in param_bytes]
+    left_rank = min(range(len(budgets)), key=lambda r: (budgets[r], r))
+    left = budgets[left_rank]
+    if kv is None:
+        if left < 0:
+            return ContextFit(left, 0, cap_tokens, "weights", left_rank)
+        return ContextFit(left, cap_tokens, cap_tokens, "max_position_embeddings" if cap_tokens else "nothing")
+    best, best_rank = None, None
+    for r, budget in enumerate(budgets):
+        tokens = max_context_for_rank(kv, r, batch, scale, budget) if budget >= 0 else 0
+        if tokens is not None and (best is None or tokens < best):
+            best, best_rank = tokens, r
+    if best == 0:
+        return ContextFit(left, 0, cap_tokens, "weights" if budgets[best_rank] < 0 else "memory", best_rank)
+    if cap_tokens is not None and (best is None or best > cap_tokens):
+        return ContextFit(left, cap_tokens, cap_tokens, "max_position_embeddings")
+    if best is None:
+        return ContextFit(left, None, None, "nothing")
+    return ContextFit(left, best, cap_tokens, "memory", best_rank)
 
 
 def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None, tp_sizes: list[int],
                ep_sizes: list[int] | None = None, context: int = 8192, batch: int = 1, kv_dtype: str | None = None,
                overhead: OverheadPolicy | None = None, plan_override: dict | None = None,
                architecture: str | None = None, trust_remote_code: bool = False,
-               dtype: str | None = None) -> SizeReport:
+               dtype: str | None = None, training: TrainingSetup | None = None) -> SizeReport:
     """Simulate every (tp, ep) option and size each rank against `capacity_bytes`.
 
     Args:
@@ -227,9 +431,12 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
             model's dtype.
         overhead (`OverheadPolicy`, *optional*): default 1 GiB + 8% of capacity.
         plan_override, architecture, trust_remote_code, dtype: as for `check`.
+        training (`TrainingSetup`, *optional*): also size each option's training model states (see `training.py`);
+            the recommendation then follows them.
 
     Returns:
-        `SizeReport`.
+        `SizeReport`: per option the serving figures, the longest context (`context_fit`) and, with `training`,
+        the model states per rank.
 
     Raises:
         UsageError: no valid size to try, or a bad kv dtype.
@@ -256,6 +463,8 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
                                        trust_remote_code=trust_remote_code, dtype=dtype))
     versions = audit.versions
     options, model_info, notes, kv_name = [], None, set(), kv_dtype
+    cap_tokens = max_position_embeddings(source.config)
+    frozen: dict[str, dict] = {}
     for tp, ep in combos:
         try:
             report = audit.report(ParallelSizes.of(tp, ep), parity="off")
@@ -279,11 +488,26 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
                       for r in range(report.shard_map.world_size))
         reason = _kv_heads_split(kv)
         per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
+        fit = context_fit(kv, report.rank_param_bytes, capacity_bytes=capacity_bytes, overhead_bytes=over,
+                          state_bytes=state, batch=batch, scale=scale, cap_tokens=cap_tokens)
+        train = None
+        if training is not None:
+            train = TrainingFit(rank_training(report.shard_map, training), over, capacity_bytes)
+            for fam in frozen_families(report.shard_map):
+                frozen.setdefault(fam["name"], fam)
         options.append(SizeOption(tp, ep, reason is None, reason, ranks, per_token, capacity_bytes,
                                   report.total_param_bytes,
-                                  [f"{f.code} {f.target}" for f in report.findings if f.severity == "error"]))
+                                  [f"{f.code} {f.target}" for f in report.findings if f.severity == "error"],
+                                  fit, train))
     if model_info is None:
         model_info = {"ref": source.ref, "repo_id": source.repo_id}
     gpu = {"name": gpu_name, "memory_bytes": capacity_bytes}
+    training_notes = ()
+    if training is not None:
+        training_notes = (ACTIVATIONS_NOTE, OPTIMIZER_NOTES[training.optimizer], PER_RANK_NOTE)
+        if frozen:
+            training_notes += (f"{len(frozen)} parameter families get no gradient or optimizer state (quantized or "
+                               "integer tensors and their quantization metadata); they count as parameters only",)
     return SizeReport(model=model_info, gpu=gpu, context=context, batch=batch, kv_dtype=kv_name or "model dtype",
-                      overhead=overhead, options=tuple(options), versions=versions, notes=tuple(sorted(notes)))
+                      overhead=overhead, options=tuple(options), versions=versions, notes=tuple(sorted(notes)),
+                      training=training, training_notes=training_notes, frozen=tuple(frozen.values()))
