@@ -494,6 +494,8 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
                 except ValueError:
                     pass
     todo = [p for p in pairs if p not in lines]
+    if todo:
+        from . import audit  # noqa: F401  torch and transformers: once per process, not part of a line's seconds
     clock = time.perf_counter()
     for tp, ep, outcome in (_reports(source, todo, options) if todo else ()):
         now = time.perf_counter()
@@ -568,9 +570,11 @@ def _run_local(tasks: list[Task], options: TaskOptions, jobs: int | None) -> Ite
 
 def ray_available() -> bool:
     """Whether Ray can be imported (the `ray` extra: `pip install "tpaudit[ray]"`)."""
-    import importlib.util
-
-    return importlib.util.find_spec("ray") is not None
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _run_ray(tasks: list[Task], options: TaskOptions, jobs: int | None, address: str | None) \
