@@ -603,7 +603,9 @@ def _run_ray(tasks: list[Task], options: TaskOptions, jobs: int | None, address:
                 try:
                     yield ray.get(obj)
                 except Exception as e:  # noqa: BLE001 - a task whose worker died: error lines, the batch goes on
-                    yield _failed_task(pending[obj], RuntimeError(f"the Ray task failed: {type(e).__name__}"))
+                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                    yield _failed_task(pending[obj], RuntimeError(f"the Ray task failed: {type(e).__name__}: "
+                                                                  f"{first}"))
     finally:
         if started:
             ray.shutdown()
@@ -616,7 +618,9 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
     """Every (tp_size, ep_size) combination transformers accepts, and the reasons of those it refuses.
 
     Validity is transformers' own (`DistributedConfig`, through `tpaudit.plan.distributed_config`): in 5.23 without
-    FSDP, `ep_size` is 1 or `tp_size`, so `--tp 4,8 --ep 1,4` gives (4, 1), (4, 4) and (8, 1).
+    FSDP, `ep_size` is 1 or `tp_size`, so `--tp 4,8 --ep 1,4` gives (4, 1), (4, 4) and (8, 1). A pair with
+    `ep_size` 1 is taken without importing transformers (a batch served from the cache never imports it); each
+    audit checks its sizes again, so a refusal there would still show, as error lines.
 
     Args:
         tp_sizes (`Iterable[int]`), ep_sizes (`Iterable[int]`): the sizes asked for (duplicates kept once).
@@ -627,7 +631,7 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
     Raises:
         UsageError: no size given, a size below 1, or no valid pair at all.
     """
-    from .plan import distributed_config
+    from .plan import MAX_WORLD_SIZE, distributed_config
 
     tps, eps = list(dict.fromkeys(tp_sizes)), list(dict.fromkeys(ep_sizes))
     if not tps or not eps:
@@ -637,6 +641,9 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
         for ep in eps:
             if tp < 1 or ep < 1:
                 raise UsageError(f"--tp {tp} --ep {ep} is invalid: sizes must be positive integers. Pass --tp 4,8")
+            if ep == 1 and tp <= MAX_WORLD_SIZE:
+                pairs.append((tp, ep))
+                continue
             try:
                 distributed_config(tp, ep)
             except UsageError as e:
