@@ -89,7 +89,8 @@ def batch_throughput(tp: str) -> None:
             print('  (Ray is not installed: pip install "tpaudit[ray]" to measure it)')
         runs += [("--jobs 1, filling the cache", ["--jobs", "1"]), ("--jobs 1, from the cache", ["--jobs", "1"])]
         print(f"\ntpaudit batch over {len(fixtures)} fixtures at --tp {tp} ({len(fixtures) * len(tp.split(','))} "
-              "lines), wall time of the command:")
+              f"lines) on {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} before), wall time of the "
+              "command:")
         reference = None
         for name, extra in runs:
             out = Path(tmp) / "out.jsonl"

@@ -782,6 +782,7 @@ class Change:
     new_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The change as a JSON object (bytes as integers)."""
         return {"model": self.model, "tp_size": self.tp_size, "ep_size": self.ep_size, "what": self.what,
                 "old_bytes": self.old_bytes, "new_bytes": self.new_bytes}
 
@@ -808,6 +809,7 @@ class BatchComparison:
     removed: int = 0
 
     def to_json(self) -> dict[str, Any]:
+        """The comparison as a JSON object."""
         return {"previous": self.previous, "new_errors": [c.to_json() for c in self.new_errors],
                 "fixed_errors": [c.to_json() for c in self.fixed_errors], "worse": [c.to_json() for c in self.worse],
                 "better": [c.to_json() for c in self.better], "added": self.added, "removed": self.removed}
@@ -900,6 +902,7 @@ class BatchSummary:
 
     @property
     def model_count(self) -> int:
+        """Models in the batch (every status)."""
         return sum(self.models.values())
 
     @property
@@ -908,6 +911,7 @@ class BatchSummary:
         return self.model_count * 60.0 / self.seconds if self.seconds > 0 else None
 
     def to_json(self) -> dict[str, Any]:
+        """The counts as a JSON object (schema `tpaudit/batch-summary/v1`; lines named by `[model, tp, ep]`)."""
         return {"schema": "tpaudit/batch-summary/v1", "pairs": [list(p) for p in self.pairs], "models": self.models,
                 "lines": self.lines, "lines_with_errors": self.lines_with_errors, "findings": self.findings,
                 "computed": self.computed, "cached": self.cached, "seconds": round(self.seconds, 3),
