@@ -14,16 +14,22 @@ holds itself to:
 | `check --suggest` / the same `check`                                      | 1.3x   |
 | `scan` of the whole zoo                                                   | 30 s   |
 
+And the throughput of `tpaudit batch` (models per minute) over every bundled fixture at tp 4 and 8 with --jobs 1,
+--jobs 2 and Ray, then again from the cache (`--section batch`).
+
 Usage:
-    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...]
+    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...] [--section all|check|batch]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,12 +57,53 @@ def tpaudit(*args: str) -> list[str]:
     return [PY, "-m", "tpaudit", *args]
 
 
+def batch_throughput(tp: str) -> None:
+    """`tpaudit batch` over every bundled fixture: wall time of the whole command (imports included) and models per
+    minute, for --jobs 1, --jobs 2 and Ray (each computing every line: --no-cache), then a second run served from a
+    cache the first one filled."""
+    fixtures = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "fixtures").glob("*.snapshot.json.gz"))
+    py = sys.executable
+    with tempfile.TemporaryDirectory(prefix="tpaudit-bench-") as tmp:
+        listing = Path(tmp) / "fixtures.txt"
+        listing.write_text("\n".join(fixtures) + "\n")
+        env = {**os.environ, "TPAUDIT_CACHE": str(Path(tmp) / "cache"), "RAY_USAGE_STATS_ENABLED": "0"}
+        runs = [("--jobs 1", ["--jobs", "1", "--no-cache"]), ("--jobs 2", ["--jobs", "2", "--no-cache"])]
+        if importlib.util.find_spec("ray") is not None:
+            runs.append(("--executor ray --jobs 2 (local Ray)", ["--executor", "ray", "--jobs", "2", "--no-cache"]))
+        else:
+            print('  (Ray is not installed: pip install "tpaudit[ray]" to measure it)')
+        runs += [("--jobs 1, filling the cache", ["--jobs", "1"]), ("--jobs 1, from the cache", ["--jobs", "1"])]
+        print(f"\ntpaudit batch over {len(fixtures)} fixtures at --tp {tp} ({len(fixtures) * len(tp.split(','))} "
+              f"lines) on {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} before), wall time of the "
+              "command:")
+        reference = None
+        for name, extra in runs:
+            out = Path(tmp) / "out.jsonl"
+            t0 = time.perf_counter()
+            rc = subprocess.run([py, "-m", "tpaudit", "batch", str(listing), "--tp", tp, "-o", str(out),
+                                 "--format", "markdown", *extra], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd=ROOT, env=env).returncode
+            seconds = time.perf_counter() - t0
+            lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+            worst = [(d["model"], d["tp_size"], d["worst_rank_param_bytes"]) for d in lines]
+            same = "" if reference is None else (", same lines" if worst == reference else ", LINES DIFFER")
+            reference = reference or worst
+            cached = sum(1 for d in lines if d.get("cached"))
+            print(f"  {seconds:7.1f} s  {len(fixtures) * 60 / seconds:7.1f} models/min  {name}  (exit {rc}, "
+                  f"{cached} of {len(lines)} lines from the cache{same})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about 30 s)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
+    ap.add_argument("--section", choices=("all", "check", "batch"), default="check")
+    ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
     args = ap.parse_args()
+    if args.section == "batch":
+        batch_throughput(args.batch_tp)
+        return 0
 
     qwen = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
     deepseek = str(FIXTURES / "deepseek-v3.snapshot.json.gz")
@@ -100,6 +147,8 @@ def main() -> int:
     if "scan (whole zoo)" in results:
         wall = results["scan (whole zoo)"][0]
         print(f"  {wall:5.1f} s  (goal 30 s)  {'ok ' if wall <= 30 else 'OVER'}  scan of the whole zoo, --jobs 2")
+    if args.section == "all":
+        batch_throughput(args.batch_tp)
     return 0
 
 

@@ -11,6 +11,7 @@ import sys
 import typer
 
 from .. import __version__
+from . import batch as batch_cmd
 from . import check as check_cmd
 from . import rules as rules_cmd
 from . import scan as scan_cmd
@@ -45,6 +46,7 @@ app.command("snapshot", epilog="Examples:\n\n" + "\n\n".join(snapshot_cmd.SNAPSH
 app.command("size", epilog="Examples:\n\n" + "\n\n".join(size_cmd.SIZE_EXAMPLES))(size_cmd.size)
 app.command("scan", epilog="Examples:\n\n" + "\n\n".join(scan_cmd.SCAN_EXAMPLES))(scan_cmd.scan)
 app.command("verify", epilog="Examples:\n\n" + "\n\n".join(verify_cmd.VERIFY_EXAMPLES))(verify_cmd.verify)
+app.command("batch", epilog="Examples:\n\n" + "\n\n".join(batch_cmd.BATCH_EXAMPLES))(batch_cmd.batch)
 app.command("rules")(rules_cmd.rules)
 app.command("explain")(rules_cmd.explain)
 

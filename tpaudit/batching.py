@@ -1,0 +1,996 @@
+"""`tpaudit batch`: audit a whole model registry, one JSON line per (model, tp_size, ep_size), cached and parallel.
+
+    LIST -> ModelRef -> task (one per model, in a worker) -> BatchResult lines -> BatchSummary -> renderer
+
+- **List**: a text file of model references, one a line, as `check` takes them (Hub id, local directory or
+  `config.json`, snapshot file), with an optional `@revision` (Hub only) and `#` comments (`read_list`).
+- **Task**: `audit_model` opens a model's source once (`tpaudit.sources.open_source`) and produces one
+  `BatchResult` per (tp_size, ep_size). It never raises: a model that cannot be read, or that transformers refuses,
+  becomes `status="error"` lines carrying the one-line reason and the exit code `check` would give; an unexpected
+  exception becomes an error line whose reason names it as an internal error (exit code 4).
+- **Cache**: a result is stored under a key made of what determines it: tpaudit, transformers and torch versions,
+  the sha256 of the model's config and tensor listing (names, dtypes, shapes), the plan's rules, the dtype, tp_size
+  and ep_size (`result_key`). One JSON file per key, written atomically (`ResultCache`), so that concurrent workers,
+  processes on several machines sharing a file system, and an interrupted run never leave a half-written entry. A
+  cache hit costs reading the model's metadata and hashing it, never an audit. Error lines are cached only when they
+  are deterministic (the source was read, then transformers or tpaudit refused it); unreadable models are retried.
+- **Executors**: `jobs=1` runs in this process; `jobs=N` runs N spawned worker processes
+  (`concurrent.futures.ProcessPoolExecutor`), each importing torch and transformers once and auditing many models;
+  `executor="ray"` submits the same task function as Ray tasks (a local Ray instance, or a cluster by address).
+- **Summary**: `summarize` counts lines and models by status, picks the worst offenders by replicated bytes and,
+  with a previous OUT file, lists what changed (`compare`): new errors, fixed errors, worst-rank bytes that moved.
+
+Nothing here prints or exits; the command is `tpaudit/cli/batch.py`, the renderers `tpaudit/report/batch.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal, Sequence
+
+from .errors import ExitCode, TpauditError, UsageError
+
+BATCH_SCHEMA = "tpaudit/batch/v1"
+CACHE_SCHEMA = "tpaudit/batch-cache/v1"
+RAY_INSTALL = 'pip install "tpaudit[ray]"'
+
+Status = Literal["ok", "error"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The list of models
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelRef:
+    """One model of a batch, as written in the list.
+
+    Attributes:
+        text (`str`): the reference exactly as written (with its `@revision`), used as `model` in every line.
+        ref (`str`): what `open_source` is given: a Hub id, a local directory or `config.json`, a snapshot file.
+        revision (`str`, *optional*): the Hub revision after `@` (branch, tag or commit).
+        line (`int`, *optional*): the line number in the list file (1-based).
+        problem (`str`, *optional*): why the entry cannot be a model reference; it becomes error lines.
+    """
+
+    text: str
+    ref: str
+    revision: str | None = None
+    line: int | None = None
+    problem: str | None = None
+
+
+def parse_model_ref(text: str, line: int | None = None) -> ModelRef:
+    """Split `org/name@revision` into reference and revision.
+
+    An existing path is taken whole (a directory may contain `@`); otherwise the text after the last `@` is the
+    revision. An empty reference or revision is not an exception: the `ModelRef` carries a `problem`, which the
+    batch turns into error lines.
+
+    Args:
+        text (`str`): one entry of the list, without comment or surrounding blanks.
+        line (`int`, *optional*): its line number, for messages.
+
+    Returns:
+        `ModelRef`.
+    """
+    text = text.strip()
+    if "@" in text and not os.path.exists(text):
+        ref, _, revision = text.rpartition("@")
+        if not ref or not revision:
+            return ModelRef(text, ref or text, None, line,
+                            problem=f"{text!r} is not a model reference: write org/name@revision with both parts")
+        return ModelRef(text, ref, revision, line)
+    return ModelRef(text, text, None, line)
+
+
+def parse_list(lines: Iterable[str]) -> list[ModelRef]:
+    """Model references from the lines of a list: one a line, blank lines and `#` comments (a whole line, or after
+    a blank) ignored, duplicates (same text) kept once, in order.
+
+    Args:
+        lines (`Iterable[str]`): the list's lines.
+
+    Returns:
+        `list[ModelRef]`, in list order.
+    """
+    out, seen = [], set()
+    for number, raw in enumerate(lines, start=1):
+        text = raw.strip()
+        if text.startswith("#"):
+            continue
+        for mark in (" #", "\t#"):
+            if mark in text:
+                text = text.split(mark, 1)[0].strip()
+        if not text or text in seen:
+            continue
+        seen.add(text)
+        out.append(parse_model_ref(text, number))
+    return out
+
+
+def read_list(path: str | os.PathLike) -> list[ModelRef]:
+    """Read a LIST file of model references (see `parse_list`).
+
+    Args:
+        path (`str` or `os.PathLike`): a UTF-8 text file.
+
+    Returns:
+        `list[ModelRef]`, in list order.
+
+    Raises:
+        UsageError: the file cannot be read, or names no model.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            refs = parse_list(f)
+    except OSError as e:
+        raise UsageError(f"cannot read the model list {path}: {e.strerror or e}. Pass a text file with one model "
+                         "reference a line") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"the model list {path} is not UTF-8 text. Pass a text file with one model reference a "
+                         "line") from None
+    if not refs:
+        raise UsageError(f"the model list {path} names no model (only blank lines and # comments). Add one model "
+                         "reference a line, e.g. Qwen/Qwen3-30B-A3B")
+    return refs
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# One line of the batch
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchResult:
+    """One (model, tp_size, ep_size) of a batch: one JSON line of OUT (`to_json`, schema `tpaudit/batch/v1`).
+
+    Attributes:
+        model (`str`): the reference as written in the list (with its `@revision`).
+        tp_size (`int`), ep_size (`int`): the sizes simulated.
+        status (`"ok" | "error"`): `error` when the model could not be audited at these sizes (unreadable, refused
+            by transformers, an internal error); `ok` otherwise, with or without findings.
+        exit_code (`int`): what `tpaudit check` would return for it: 0 clean, 1 error findings, 2 bad input, 4
+            internal error.
+        worst_rank_param_bytes (`int`, *optional*): bytes of parameters on the rank holding the most (`None` for
+            an error line).
+        total_param_bytes (`int`, *optional*): bytes of the whole model (tied pairs once).
+        replicated_bytes (`int`, *optional*): bytes every rank holds whole because nothing shards them.
+        errors (`int`), warnings (`int`), notes (`int`): findings by severity.
+        findings (`tuple[dict, ...]`): every finding as in `check --format json` (`code`, `kind`, `severity`,
+            `target`, `message`, `fix`, `facts`).
+        seconds (`float`): wall time of the audit when it was computed (a cached line keeps its original time).
+        reason (`str`, *optional*): for an error line, the one-line reason (`check`'s stderr message).
+        architecture (`str`, *optional*): the model class built.
+        commit (`str`, *optional*): the Hub commit resolved (or recorded in a snapshot).
+        model_sha256 (`str`, *optional*): sha256 of the config and tensor listing (`model_sha256`); `None` when
+            the source could not be read.
+        key (`str`, *optional*): the cache key (`result_key`); `None` when the line is not cacheable.
+        cached (`bool`): the line was served from the cache or from the OUT file of an interrupted run.
+    """
+
+    model: str
+    tp_size: int
+    ep_size: int
+    status: Status
+    exit_code: int
+    worst_rank_param_bytes: int | None = None
+    total_param_bytes: int | None = None
+    replicated_bytes: int | None = None
+    errors: int = 0
+    warnings: int = 0
+    notes: int = 0
+    findings: tuple[dict, ...] = ()
+    seconds: float = 0.0
+    reason: str | None = None
+    architecture: str | None = None
+    commit: str | None = None
+    model_sha256: str | None = None
+    key: str | None = None
+    cached: bool = False
+
+    @property
+    def id(self) -> tuple[str, int, int]:
+        """`(model, tp_size, ep_size)`: what identifies a line within a batch and across runs."""
+        return (self.model, self.tp_size, self.ep_size)
+
+    @property
+    def replicated_share(self) -> float | None:
+        """`replicated_bytes / total_param_bytes`, `None` for an error line or an empty model."""
+        if not self.total_param_bytes or self.replicated_bytes is None:
+            return None
+        return self.replicated_bytes / self.total_param_bytes
+
+    @property
+    def error_targets(self) -> tuple[str, ...]:
+        """`code:target` of every error-severity finding (the identity `--baseline` and `--compare` use)."""
+        return tuple(f"{f.get('code')}:{f.get('target')}" for f in self.findings if f.get("severity") == "error")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON line (a dict; sizes are integer bytes)."""
+        return {"schema": BATCH_SCHEMA, "model": self.model, "tp_size": self.tp_size, "ep_size": self.ep_size,
+                "status": self.status, "exit_code": self.exit_code,
+                "worst_rank_param_bytes": self.worst_rank_param_bytes, "total_param_bytes": self.total_param_bytes,
+                "replicated_bytes": self.replicated_bytes, "errors": self.errors, "warnings": self.warnings,
+                "notes": self.notes, "findings": list(self.findings), "seconds": round(self.seconds, 3),
+                "reason": self.reason, "architecture": self.architecture, "commit": self.commit,
+                "model_sha256": self.model_sha256, "key": self.key, "cached": self.cached}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "BatchResult":
+        """Read back a line written by `to_json` (unknown keys are ignored).
+
+        Raises:
+            ValueError: a required key is missing or has the wrong type.
+        """
+        try:
+            status = data["status"]
+            if status not in ("ok", "error"):
+                raise ValueError(f"status {status!r} is neither ok nor error")
+            return cls(model=str(data["model"]), tp_size=int(data["tp_size"]), ep_size=int(data["ep_size"]),
+                       status=status, exit_code=int(data["exit_code"]),
+                       worst_rank_param_bytes=data.get("worst_rank_param_bytes"),
+                       total_param_bytes=data.get("total_param_bytes"), replicated_bytes=data.get("replicated_bytes"),
+                       errors=int(data.get("errors") or 0), warnings=int(data.get("warnings") or 0),
+                       notes=int(data.get("notes") or 0), findings=tuple(data.get("findings") or ()),
+                       seconds=float(data.get("seconds") or 0.0), reason=data.get("reason"),
+                       architecture=data.get("architecture"), commit=data.get("commit"),
+                       model_sha256=data.get("model_sha256"), key=data.get("key"),
+                       cached=bool(data.get("cached", False)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a tpaudit batch line: {type(e).__name__}: {e}") from None
+
+
+def read_results(path: str | os.PathLike, *, partial_ok: bool = False) -> list[BatchResult]:
+    """Read an OUT file (JSON lines of `BatchResult`).
+
+    Args:
+        path (`str` or `os.PathLike`): the file.
+        partial_ok (`bool`, *optional*, defaults to `False`): skip lines that do not parse (the last line of an
+            interrupted run may be cut short) instead of failing.
+
+    Returns:
+        `list[BatchResult]`, in file order.
+
+    Raises:
+        UsageError: the file cannot be read, or (unless `partial_ok`) a line is not a batch result.
+    """
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(BatchResult.from_json(json.loads(line)))
+                except (ValueError, AttributeError) as e:
+                    if partial_ok:
+                        continue
+                    raise UsageError(f"{path} line {number} is not a tpaudit batch result: {e}. Pass an OUT file "
+                                     "written by 'tpaudit batch -o'") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}. Check the path") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text. Pass an OUT file written by 'tpaudit batch -o'") from None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Cache keys and the cache
+# ----------------------------------------------------------------------------------------------------------------------
+def installed_versions() -> dict[str, str | None]:
+    """The versions a result depends on: tpaudit, transformers and torch (installed distribution metadata, so that
+    the driver can compute keys without importing torch)."""
+    from importlib import metadata
+
+    from . import __version__
+
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"tpaudit": __version__, "transformers": dist("transformers"), "torch": dist("torch")}
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def model_sha256(source) -> str:
+    """sha256 of what a model's audit reads from its source: `config.json` (canonical JSON, keys sorted) and the
+    checkpoint's tensor listing (name, safetensors dtype, shape, in order; `null` for a config-only model). Shard file
+    names, repo, commit and paths are not part of it: the same metadata gives the same results wherever it is read.
+
+    Args:
+        source (`ModelSource`): from `tpaudit.sources.open_source`.
+
+    Returns:
+        `str`, 64 hex digits.
+    """
+    tensors = None if source.tensors is None else [[t.name, t.dtype, list(t.shape)] for t in source.tensors]
+    return hashlib.sha256(_canonical({"config": source.config, "tensors": tensors})).hexdigest()
+
+
+def plan_sha256(plan: dict[str, str] | None) -> str | None:
+    """sha256 of a `--plan`'s rules (canonical JSON: formatting and key order do not matter); `None` without one."""
+    return None if plan is None else hashlib.sha256(_canonical(plan)).hexdigest()
+
+
+def result_key(*, model_sha256: str, tp_size: int, ep_size: int, plan_sha256: str | None = None,
+               dtype: str | None = None, versions: dict[str, str | None] | None = None) -> str:
+    """The cache key of one line: sha256 of everything that determines it.
+
+    Args:
+        model_sha256 (`str`): see `model_sha256`.
+        tp_size (`int`), ep_size (`int`): the sizes.
+        plan_sha256 (`str`, *optional*): see `plan_sha256`.
+        dtype (`str`, *optional*): the load dtype (`None` for `"auto"`).
+        versions (`dict`, *optional*): tpaudit, transformers, torch (default: `installed_versions()`).
+
+    Returns:
+        `str`, 64 hex digits.
+    """
+    v = versions if versions is not None else installed_versions()
+    inputs = {"schema": CACHE_SCHEMA, "tpaudit": v.get("tpaudit"), "transformers": v.get("transformers"),
+              "torch": v.get("torch"), "model_sha256": model_sha256, "plan_sha256": plan_sha256, "dtype": dtype,
+              "tp_size": tp_size, "ep_size": ep_size}
+    return hashlib.sha256(_canonical(inputs)).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """`$TPAUDIT_CACHE`, else `tpaudit/batch` inside the Hugging Face cache folder (`$HF_HOME`, by default
+    `~/.cache/huggingface`, as `huggingface_hub.constants.HF_HOME` resolves it)."""
+    if os.environ.get("TPAUDIT_CACHE"):
+        return Path(os.environ["TPAUDIT_CACHE"]).expanduser()
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("HF_HOME") or constants.HF_HOME).expanduser() / "tpaudit" / "batch"
+
+
+@dataclass(frozen=True)
+class ResultCache:
+    """Batch results on disk, one JSON file per key (`<dir>/<key[:2]>/<key>.json`), written to a temporary file in
+    the same folder and renamed into place (`os.replace`, atomic on POSIX and Windows), so readers never see a
+    partial entry and concurrent writers of the same key simply leave one of two identical files.
+
+    Attributes:
+        directory (`str`): the cache folder (created on the first write).
+    """
+
+    directory: str
+
+    def path(self, key: str) -> Path:
+        """Where the entry of `key` lives."""
+        return Path(self.directory) / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict | None:
+        """The stored line of `key` (a `BatchResult.to_json()` dict), `None` on a miss or an unreadable entry."""
+        try:
+            with open(self.path(key), encoding="utf-8") as f:
+                entry = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("schema") != CACHE_SCHEMA or entry.get("key") != key:
+            return None
+        return entry.get("result") if isinstance(entry.get("result"), dict) else None
+
+    def put(self, key: str, result: dict) -> None:
+        """Store `result` under `key`. A cache that cannot be written is not an error: the batch goes on."""
+        target = self.path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}-", suffix=".tmp", dir=target.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"schema": CACHE_SCHEMA, "key": key, "result": result}, f)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The task: one model, every (tp_size, ep_size)
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaskOptions:
+    """What every task of a batch shares (picklable: it travels to worker processes and Ray tasks).
+
+    Attributes:
+        plan (`dict[str, str]`, *optional*): `--plan` rules replacing the base model's `base_model_tp_plan`.
+        dtype (`str`, *optional*): the load dtype (default `"auto"`).
+        token (`str`, *optional*): Hub token; never written into a line or the cache.
+        cache_dir (`str`, *optional*): the cache folder; `None` disables the cache.
+        read_cache (`bool`): serve lines from the cache (`False` recomputes, still writing the results).
+    """
+
+    plan: dict[str, str] | None = None
+    dtype: str | None = None
+    token: str | None = field(default=None, repr=False)
+    cache_dir: str | None = None
+    read_cache: bool = True
+
+
+def _error_line(model: str, tp: int, ep: int, error: BaseException, seconds: float, **extra) -> BatchResult:
+    if isinstance(error, TpauditError):
+        reason, code = " ".join(str(error).split()), int(error.exit_code)
+    else:
+        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        reason = (f"internal error: {type(error).__name__}: {first}. This is a tpaudit bug: rerun 'tpaudit check' "
+                  "on this model with TPAUDIT_DEBUG=1 and report the traceback")
+        code = int(ExitCode.INTERNAL)
+    return BatchResult(model=model, tp_size=tp, ep_size=ep, status="error", exit_code=code, seconds=seconds,
+                       reason=reason, **extra)
+
+
+def _reports(source, pairs: Sequence[tuple[int, int]], options: TaskOptions) -> Iterator[tuple[int, int, Any]]:
+    """The one call into the analysis pipeline: the model is built once (`audit.Audit`), then every (tp_size,
+    ep_size) is resolved and simulated from that build; yields `(tp, ep, Report)` or `(tp, ep, exception)`."""
+    from .audit import Audit
+    from .build import BuildOptions
+    from .model import ParallelSizes
+
+    try:
+        audit = Audit(source, BuildOptions(plan_override=options.plan, dtype=options.dtype))
+    except Exception as e:  # noqa: BLE001 - a model that does not build gives one error line per pair
+        for tp, ep in pairs:
+            yield tp, ep, e
+        return
+    for tp, ep in pairs:
+        try:
+            yield tp, ep, audit.report(ParallelSizes.of(tp, ep), parity="off")
+        except Exception as e:  # noqa: BLE001 - one pair never stops the model's other pairs
+            yield tp, ep, e
+
+
+def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
+                options: TaskOptions | None = None) -> list[BatchResult]:
+    """Audit one model at every (tp_size, ep_size) of `pairs`, opening its source once. Never raises.
+
+    Each line comes from the cache when `options.cache_dir` holds its key (and `options.read_cache`), else from the
+    pipeline (`tpaudit.audit.Audit`: built once, transformers' own plan resolution and TP code on the meta device), and
+    is then stored in the cache.
+
+    Args:
+        model (`ModelRef` or `str`): the list entry (`org/name@revision` allowed).
+        pairs (`Sequence[tuple[int, int]]`): `(tp_size, ep_size)` pairs, in the order the lines are returned.
+        options (`TaskOptions`, *optional*): plan, dtype, token, cache.
+
+    Returns:
+        `list[BatchResult]`, one per pair. A model that cannot be read gives `status="error"` lines with `check`'s
+        one-line message as `reason` and its exit code (2); a pair transformers refuses gives an error line too; an
+        unexpected exception gives an error line with exit code 4 whose reason says it is an internal error.
+    """
+    options = options or TaskOptions()
+    ref = parse_model_ref(model) if isinstance(model, str) else model
+    start = time.perf_counter()
+    if ref.problem:
+        return [_error_line(ref.text, tp, ep, UsageError(ref.problem), 0.0) for tp, ep in pairs]
+    try:
+        from .sources import open_source
+
+        source = open_source(ref.ref, revision=ref.revision, token=options.token)
+        digest = model_sha256(source)
+    except Exception as e:  # noqa: BLE001 - an unreadable model is an error line, never a stopped batch
+        seconds = time.perf_counter() - start
+        return [_error_line(ref.text, tp, ep, e, seconds) for tp, ep in pairs]
+    cache = ResultCache(options.cache_dir) if options.cache_dir else None
+    found = installed_versions()
+    plan_digest = plan_sha256(options.plan)
+    keys = {(tp, ep): result_key(model_sha256=digest, tp_size=tp, ep_size=ep, plan_sha256=plan_digest,
+                                 dtype=options.dtype, versions=found) for tp, ep in pairs}
+    lines: dict[tuple[int, int], BatchResult] = {}
+    if cache is not None and options.read_cache:
+        for pair, key in keys.items():
+            stored = cache.get(key)
+            if stored is not None:
+                try:
+                    lines[pair] = replace(BatchResult.from_json(stored), model=ref.text, cached=True,
+                                          commit=source.commit)
+                except ValueError:
+                    pass
+    todo = [p for p in pairs if p not in lines]
+    if todo:
+        from . import audit  # noqa: F401  torch and transformers: once per process, not part of a line's seconds
+    clock = time.perf_counter()
+    for tp, ep, outcome in (_reports(source, todo, options) if todo else ()):
+        now = time.perf_counter()
+        seconds, clock = now - clock, now
+        common = {"commit": source.commit, "model_sha256": digest, "key": keys[(tp, ep)]}
+        if isinstance(outcome, BaseException):
+            line = _error_line(ref.text, tp, ep, outcome, seconds, **common)
+            if not isinstance(outcome, TpauditError):
+                line = replace(line, key=None)  # a tpaudit bug is not a result worth keeping
+        else:
+            line = _line_from_report(ref.text, outcome, seconds, **common)
+        if cache is not None and line.key is not None:
+            cache.put(line.key, replace(line, model="", cached=False, commit=None).to_json())
+        lines[(tp, ep)] = line
+    return [lines[p] for p in pairs]
+
+
+def _line_from_report(model: str, report, seconds: float, **extra) -> BatchResult:
+    errors, warnings, notes = report.count("error"), report.count("warning"), report.count("note")
+    return BatchResult(model=model, tp_size=report.tp_size, ep_size=report.ep_size, status="ok",
+                       exit_code=1 if errors else 0, worst_rank_param_bytes=report.worst_rank_param_bytes,
+                       total_param_bytes=report.total_param_bytes, replicated_bytes=report.replicated_bytes,
+                       errors=errors, warnings=warnings, notes=notes,
+                       findings=tuple(f.to_json() for f in report.findings), seconds=seconds,
+                       architecture=report.model.get("architecture"), **extra)
+
+
+def run_task(model: ModelRef, pairs: Sequence[tuple[int, int]], options: TaskOptions) -> list[BatchResult]:
+    """The task function every executor runs (in this process, a worker process, or a Ray worker): `audit_model`
+    with the worker's threads limited to one (the workers are the parallelism)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return audit_model(model, pairs, options)
+
+
+def _worker_init() -> None:
+    # torch and transformers are imported on a worker's first audit and stay imported for the next models (a
+    # batch served from the cache never imports them).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Executors
+# ----------------------------------------------------------------------------------------------------------------------
+Task = tuple[ModelRef, tuple[tuple[int, int], ...]]
+
+
+def _failed_task(task: Task, error: BaseException) -> list[BatchResult]:
+    ref, pairs = task
+    return [_error_line(ref.text, tp, ep, error, 0.0) for tp, ep in pairs]
+
+
+def _run_local(tasks: list[Task], options: TaskOptions, jobs: int | None) -> Iterator[list[BatchResult]]:
+    if jobs is None or jobs <= 1 or len(tasks) <= 1:
+        for ref, pairs in tasks:
+            yield run_task(ref, pairs, options)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init)
+    try:
+        futures = {pool.submit(run_task, ref, pairs, options): (ref, pairs) for ref, pairs in tasks}
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of memory): error lines
+                yield _failed_task(futures[future], RuntimeError(f"the worker process stopped: {e}"))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def ray_available() -> bool:
+    """Whether Ray can be imported (the `ray` extra: `pip install "tpaudit[ray]"`)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _run_ray(tasks: list[Task], options: TaskOptions, jobs: int | None, address: str | None) \
+        -> Iterator[list[BatchResult]]:
+    import logging
+
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            # A local instance: nothing leaves this machine (no dashboard, no usage report unless the user asked).
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            ray.init(num_cpus=jobs or os.cpu_count() or 1, **kwargs)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=1)(run_task)
+        pending = {remote.remote(ref, pairs, options): (ref, pairs) for ref, pairs in tasks}
+        waiting = list(pending)
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=min(len(waiting), 8), timeout=0.5)
+            for obj in done:
+                try:
+                    yield ray.get(obj)
+                except Exception as e:  # noqa: BLE001 - a task whose worker died: error lines, the batch goes on
+                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                    yield _failed_task(pending[obj], RuntimeError(f"the Ray task failed: {type(e).__name__}: "
+                                                                  f"{first}"))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The batch
+# ----------------------------------------------------------------------------------------------------------------------
+def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple[list[tuple[int, int]], list[str]]:
+    """Every (tp_size, ep_size) combination transformers accepts, and the reasons of those it refuses.
+
+    Validity is transformers' own (`DistributedConfig`, through the seam): in 5.23 and 5.24 without
+    FSDP, `ep_size` is 1 or `tp_size`, so `--tp 4,8 --ep 1,4` gives (4, 1), (4, 4) and (8, 1). A pair with
+    `ep_size` 1 is taken without importing transformers (a batch served from the cache never imports it); each
+    audit checks its sizes again, so a refusal there would still show, as error lines.
+
+    Args:
+        tp_sizes (`Iterable[int]`), ep_sizes (`Iterable[int]`): the sizes asked for (duplicates kept once).
+
+    Returns:
+        `(pairs, refused)`: the valid pairs in `tp`-major order, and one message per refused pair.
+
+    Raises:
+        UsageError: no size given, a size below 1, or no valid pair at all.
+    """
+    from .model import MAX_WORLD_SIZE, ParallelSizes
+
+    tps, eps = list(dict.fromkeys(tp_sizes)), list(dict.fromkeys(ep_sizes))
+    if not tps or not eps:
+        raise UsageError("no tp_size given. Pass --tp 4,8")
+    pairs, refused = [], []
+    for tp in tps:
+        for ep in eps:
+            if tp < 1 or ep < 1:
+                raise UsageError(f"--tp {tp} --ep {ep} is invalid: sizes must be positive integers. Pass --tp 4,8")
+            if ep == 1 and tp <= MAX_WORLD_SIZE:
+                pairs.append((tp, ep))
+                continue
+            try:
+                ParallelSizes.of(tp, ep, names=("--tp", "--ep"))
+                from .compat import PlanRejectedError, backend
+
+                backend().distributed_config(tp, ep)
+            except UsageError as e:
+                refused.append(str(e))
+                continue
+            except PlanRejectedError as e:
+                refused.append(f"--tp {tp} --ep {ep} is rejected by transformers: {e.detail}")
+                continue
+            pairs.append((tp, ep))
+    if not pairs:
+        raise UsageError(f"no (tp, ep) combination is accepted: {refused[0]}")
+    return pairs, refused
+
+
+def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,),
+          plan: dict[str, str] | str | None = None, dtype: str | None = None, token: str | None = None,
+          jobs: int | None = None, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
+          cache: bool | str | os.PathLike = True, refresh: bool = False,
+          previous: Iterable[BatchResult] = ()) -> Iterator[BatchResult]:
+    """Audit many models at several (tp_size, ep_size), yielding one `BatchResult` per line as tasks finish.
+
+    The arguments are checked when `batch` is called (so errors come before any work); the audits run as the
+    returned iterator is consumed.
+
+    Args:
+        models (`Iterable[str | ModelRef]`): references as `check` takes them (Hub id, directory, snapshot file),
+            `org/name@revision` allowed; or `read_list(path)`.
+        tp_sizes (`Iterable[int]`), ep_sizes (`Iterable[int]`, *optional*, defaults to `(1,)`): every valid
+            combination is audited (see `size_pairs`; pairs transformers refuses are left out).
+        plan (`dict` or `str`, *optional*): rules (or a JSON file of them) replacing `base_model_tp_plan`.
+        dtype (`str`, *optional*): load dtype (default `"auto"`).
+        token (`str`, *optional*): Hub token (default `HF_TOKEN` or the stored login).
+        jobs (`int`, *optional*): local worker processes (default 1: in this process), or the CPUs of a local Ray
+            instance (default: every CPU of this machine; ignored with `ray_address`).
+        executor (`"local"` or `"ray"`, *optional*, defaults to `"local"`).
+        ray_address (`str`, *optional*): a Ray cluster (`ray://host:10001`, `auto`); default: a local instance.
+        cache (`bool` or path, *optional*, defaults to `True`): `True` uses `default_cache_dir()`, a path uses that
+            folder, `False` disables the cache.
+        refresh (`bool`, *optional*, defaults to `False`): recompute every line (results are still cached).
+        previous (`Iterable[BatchResult]`, *optional*): lines of an interrupted run (its OUT file). A line whose
+            key still matches (same model hash, versions, plan, dtype, sizes) is yielded as is and not recomputed.
+
+    Yields:
+        `BatchResult`, first the reused `previous` lines, then the others in completion order (not list order).
+
+    Raises:
+        UsageError: invalid sizes, no valid (tp, ep) pair, `executor="ray"` without Ray installed, an unknown
+            executor.
+        PlanError: the plan is malformed or names an unknown style.
+        UnsupportedVersionError: transformers or torch outside the tested range.
+    """
+    from .compat import backend
+
+    if executor not in ("local", "ray"):
+        raise UsageError(f"executor {executor!r} is not known. Pass local or ray")
+    if executor == "ray" and not ray_available():
+        raise UsageError(f"--executor ray needs Ray, which is not installed. Install it with: {RAY_INSTALL}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs} is invalid: pass 1 or more worker processes")
+    refs = []
+    seen = set()
+    for m in models:
+        ref = parse_model_ref(m) if isinstance(m, str) else m
+        if ref.text not in seen:
+            seen.add(ref.text)
+            refs.append(ref)
+    backend()
+    pairs, _ = size_pairs(tp_sizes, ep_sizes)
+    if isinstance(plan, (str, os.PathLike)):
+        from .build import load_plan_file
+
+        plan = load_plan_file(str(plan))
+    elif plan is not None:
+        from .build import validate_plan
+
+        validate_plan(plan)
+    cache_dir = None if cache is False else str(default_cache_dir() if cache is True else Path(cache))
+    options = TaskOptions(plan=plan, dtype=dtype, token=token, cache_dir=cache_dir, read_cache=not refresh)
+
+    return _generate(refs, pairs, options, previous, jobs=jobs, executor=executor, ray_address=ray_address)
+
+
+def _generate(refs: list[ModelRef], pairs: list[tuple[int, int]], options: TaskOptions,
+              previous: Iterable[BatchResult], *, jobs: int | None, executor: str, ray_address: str | None) \
+        -> Iterator[BatchResult]:
+    refresh, plan, dtype = not options.read_cache, options.plan, options.dtype
+    reused: dict[tuple[str, int, int], BatchResult] = {}
+    if not refresh:
+        found, plan_digest = installed_versions(), plan_sha256(plan)
+        for line in previous:
+            if line.model_sha256 and line.key and line.key == result_key(
+                    model_sha256=line.model_sha256, tp_size=line.tp_size, ep_size=line.ep_size,
+                    plan_sha256=plan_digest, dtype=dtype, versions=found):
+                reused[line.id] = replace(line, cached=True)
+    tasks: list[Task] = []
+    for ref in refs:
+        todo = tuple(p for p in pairs if (ref.text, *p) not in reused)
+        for p in pairs:
+            if (ref.text, *p) in reused:
+                yield reused[(ref.text, *p)]
+        if todo:
+            tasks.append((ref, todo))
+    if not tasks:
+        return
+    runner = _run_ray(tasks, options, jobs, ray_address) if executor == "ray" else _run_local(tasks, options, jobs)
+    for lines in runner:
+        yield from lines
+
+
+def order_results(results: Iterable[BatchResult], models: Sequence[str | ModelRef],
+                  pairs: Sequence[tuple[int, int]] | None = None) -> list[BatchResult]:
+    """`results` in list order (model, then tp_size, then ep_size as given), for a deterministic OUT file."""
+    texts = [m if isinstance(m, str) else m.text for m in models]
+    rank = {t: i for i, t in enumerate(texts)}
+    pair_rank = {p: i for i, p in enumerate(pairs or ())}
+    return sorted(results, key=lambda r: (rank.get(r.model, len(rank)), pair_rank.get((r.tp_size, r.ep_size), 0),
+                                          r.tp_size, r.ep_size))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Summary and comparison
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Change:
+    """One difference between two OUT files, for one line.
+
+    Attributes:
+        model (`str`), tp_size (`int`), ep_size (`int`): the line.
+        what (`str`): the error that appeared or went away (`code:target` of a finding, or `unreadable: <reason>`),
+            or `worst_rank_param_bytes` for a size change.
+        old_bytes (`int`, *optional*), new_bytes (`int`, *optional*): worst-rank bytes before and after.
+    """
+
+    model: str
+    tp_size: int
+    ep_size: int
+    what: str
+    old_bytes: int | None = None
+    new_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The change as a JSON object (bytes as integers)."""
+        return {"model": self.model, "tp_size": self.tp_size, "ep_size": self.ep_size, "what": self.what,
+                "old_bytes": self.old_bytes, "new_bytes": self.new_bytes}
+
+
+@dataclass(frozen=True)
+class BatchComparison:
+    """What changed between a previous OUT file and this batch (lines matched by model, tp_size, ep_size).
+
+    Attributes:
+        previous (`str`): the previous OUT file.
+        new_errors (`tuple[Change, ...]`): errors present now and not before: error findings (`code:target`) new to
+            a line, a line that became unreadable, and the errors of lines the previous file did not have.
+        fixed_errors (`tuple[Change, ...]`): errors of the previous file gone from the same line now.
+        worse (`tuple[Change, ...]`), better (`tuple[Change, ...]`): lines whose worst-rank bytes grew / shrank.
+        added (`int`), removed (`int`): lines only in this batch / only in the previous file.
+    """
+
+    previous: str
+    new_errors: tuple[Change, ...] = ()
+    fixed_errors: tuple[Change, ...] = ()
+    worse: tuple[Change, ...] = ()
+    better: tuple[Change, ...] = ()
+    added: int = 0
+    removed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The comparison as a JSON object."""
+        return {"previous": self.previous, "new_errors": [c.to_json() for c in self.new_errors],
+                "fixed_errors": [c.to_json() for c in self.fixed_errors], "worse": [c.to_json() for c in self.worse],
+                "better": [c.to_json() for c in self.better], "added": self.added, "removed": self.removed}
+
+
+def _error_set(line: BatchResult) -> list[str]:
+    if line.status == "error":
+        return [f"unreadable: {line.reason}"]
+    return list(dict.fromkeys(line.error_targets))
+
+
+def compare(old: Iterable[BatchResult], new: Iterable[BatchResult], previous: str = "") -> BatchComparison:
+    """Compare two batches line by line (see `BatchComparison`).
+
+    An error line's identity is its status (`unreadable: ...`), not the exact wording of its reason, so a model that
+    stays unreadable for a new reason is neither new nor fixed.
+
+    Args:
+        old (`Iterable[BatchResult]`): the previous OUT file's lines (`read_results`).
+        new (`Iterable[BatchResult]`): this batch's lines.
+        previous (`str`, *optional*): the previous file's name, for the report.
+
+    Returns:
+        `BatchComparison`.
+    """
+    before = {r.id: r for r in old}
+    after = {r.id: r for r in new}
+    new_errors, fixed, worse, better = [], [], [], []
+
+    def identity(what: str) -> str:
+        return "unreadable" if what.startswith("unreadable: ") else what
+
+    for key, line in after.items():
+        was = before.get(key)
+        now_errors = _error_set(line)
+        old_errors = {identity(e) for e in _error_set(was)} if was else set()
+        new_errors += [Change(*key, what=e) for e in now_errors if identity(e) not in old_errors]
+        if was is None:
+            continue
+        now_ids = {identity(e) for e in now_errors}
+        fixed += [Change(*key, what=e) for e in _error_set(was) if identity(e) not in now_ids]
+        a, b = was.worst_rank_param_bytes, line.worst_rank_param_bytes
+        if a is not None and b is not None and a != b:
+            (worse if b > a else better).append(Change(*key, what="worst_rank_param_bytes", old_bytes=a,
+                                                       new_bytes=b))
+    return BatchComparison(previous=previous, new_errors=tuple(new_errors), fixed_errors=tuple(fixed),
+                           worse=tuple(worse), better=tuple(better),
+                           added=sum(1 for k in after if k not in before),
+                           removed=sum(1 for k in before if k not in after))
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """A finished batch, counted: what every renderer draws (`tpaudit/report/batch.py`).
+
+    Attributes:
+        results (`tuple[BatchResult, ...]`): every line, in list order.
+        pairs (`tuple[tuple[int, int], ...]`): the (tp_size, ep_size) pairs audited.
+        models (`dict[str, int]`): models by status: `ok` (every line ran, no error finding), `findings` (every
+            line ran, some has an error finding), `error` (some line could not run).
+        lines (`dict[str, int]`): lines by status (`ok`, `error`).
+        lines_with_errors (`int`): `ok` lines with at least one error finding (exit code 1).
+        findings (`dict[str, int]`): findings of every line by severity (`error`, `warning`, `note`).
+        computed (`int`), cached (`int`): lines audited in this run / served from the cache or an earlier OUT.
+        seconds (`float`): wall time of the batch.
+        worst (`tuple[BatchResult, ...]`): the lines with the most replicated bytes, largest first (ok lines with
+            replicated bytes only).
+        failed (`tuple[BatchResult, ...]`): the error lines, in list order.
+        comparison (`BatchComparison`, *optional*): against `--compare OLD.jsonl`.
+        exit_code (`int`): 0, or 1 (see `batch_exit_code`).
+        refused (`tuple[str, ...]`): (tp, ep) combinations left out, with transformers' reason.
+        versions (`dict[str, str | None]`): tpaudit, transformers, torch.
+    """
+
+    results: tuple[BatchResult, ...]
+    pairs: tuple[tuple[int, int], ...]
+    models: dict[str, int]
+    lines: dict[str, int]
+    lines_with_errors: int
+    findings: dict[str, int]
+    computed: int
+    cached: int
+    seconds: float
+    worst: tuple[BatchResult, ...]
+    failed: tuple[BatchResult, ...]
+    comparison: BatchComparison | None
+    exit_code: int
+    refused: tuple[str, ...] = ()
+    versions: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def model_count(self) -> int:
+        """Models in the batch (every status)."""
+        return sum(self.models.values())
+
+    @property
+    def models_per_minute(self) -> float | None:
+        """Models finished per minute of wall time (`None` for an instant batch)."""
+        return self.model_count * 60.0 / self.seconds if self.seconds > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts as a JSON object (schema `tpaudit/batch-summary/v1`; lines named by `[model, tp, ep]`)."""
+        return {"schema": "tpaudit/batch-summary/v1", "pairs": [list(p) for p in self.pairs], "models": self.models,
+                "lines": self.lines, "lines_with_errors": self.lines_with_errors, "findings": self.findings,
+                "computed": self.computed, "cached": self.cached, "seconds": round(self.seconds, 3),
+                "worst": [r.id for r in self.worst], "failed": [r.id for r in self.failed],
+                "comparison": self.comparison.to_json() if self.comparison else None, "exit_code": self.exit_code,
+                "refused": list(self.refused), "versions": self.versions}
+
+
+def batch_exit_code(results: Sequence[BatchResult], comparison: BatchComparison | None = None, *,
+                    strict: bool = False) -> int:
+    """The batch's exit code: 1 when some line has an error finding (with a comparison: when there is a new error
+    instead), or with `strict` when some line could not run; else 0. Bad usage (exit 2) is raised before.
+
+    Args:
+        results (`Sequence[BatchResult]`): every line.
+        comparison (`BatchComparison`, *optional*): from `compare`.
+        strict (`bool`, *optional*, defaults to `False`): error lines (unreadable models) fail the batch too.
+
+    Returns:
+        `int`, 0 or 1.
+    """
+    if comparison is not None:
+        failing = bool(comparison.new_errors)
+    else:
+        failing = any(r.status == "ok" and r.errors for r in results)
+    if strict and any(r.status == "error" for r in results):
+        failing = True
+    return int(ExitCode.FINDINGS) if failing else int(ExitCode.OK)
+
+
+def summarize(results: Iterable[BatchResult], *, pairs: Sequence[tuple[int, int]] = (), seconds: float = 0.0,
+              comparison: BatchComparison | None = None, strict: bool = False, top: int = 10,
+              refused: Sequence[str] = ()) -> BatchSummary:
+    """Count a finished batch (see `BatchSummary`).
+
+    Args:
+        results (`Iterable[BatchResult]`): every line, in list order (`order_results`).
+        pairs (`Sequence[tuple[int, int]]`, *optional*): the pairs audited.
+        seconds (`float`, *optional*): wall time of the batch.
+        comparison (`BatchComparison`, *optional*): from `compare`.
+        strict (`bool`, *optional*, defaults to `False`): see `batch_exit_code`.
+        top (`int`, *optional*, defaults to 10): how many worst offenders to keep.
+        refused (`Sequence[str]`, *optional*): (tp, ep) combinations left out.
+
+    Returns:
+        `BatchSummary`.
+    """
+    results = tuple(results)
+    by_model: dict[str, list[BatchResult]] = {}
+    for r in results:
+        by_model.setdefault(r.model, []).append(r)
+    models = {"ok": 0, "findings": 0, "error": 0}
+    for lines in by_model.values():
+        if any(r.status == "error" for r in lines):
+            models["error"] += 1
+        elif any(r.errors for r in lines):
+            models["findings"] += 1
+        else:
+            models["ok"] += 1
+    ok = [r for r in results if r.status == "ok"]
+    worst = sorted((r for r in ok if r.replicated_bytes), key=lambda r: (-r.replicated_bytes, r.id))[:top]
+    return BatchSummary(
+        results=results, pairs=tuple(pairs), models=models,
+        lines={"ok": len(ok), "error": len(results) - len(ok)},
+        lines_with_errors=sum(1 for r in ok if r.errors),
+        findings={"error": sum(r.errors for r in results), "warning": sum(r.warnings for r in results),
+                  "note": sum(r.notes for r in results)},
+        computed=sum(1 for r in results if not r.cached), cached=sum(1 for r in results if r.cached),
+        seconds=seconds, worst=tuple(worst), failed=tuple(r for r in results if r.status == "error"),
+        comparison=comparison, exit_code=batch_exit_code(results, comparison, strict=strict),
+        refused=tuple(refused), versions=installed_versions())
