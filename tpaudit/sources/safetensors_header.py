@@ -63,19 +63,25 @@ Entry = tuple[str, str, tuple[int, ...]]
 """`(name, safetensors dtype, shape)` of one tensor."""
 
 
+_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+
+
 class _Duplicates(dict):
-    """A JSON object that named a key twice (`dup` is the first such key); safetensors refuses a duplicate field of
-    an entry and tpaudit refuses a duplicate tensor name."""
+    """A JSON object that named a key twice (`dups`: those keys, `dup`: the first). safetensors refuses a repeated
+    `dtype`, `shape` or `data_offsets` in an entry (not a repeated field it ignores) and a repeated `__metadata__`;
+    tpaudit also refuses a repeated tensor name."""
 
     dup: str = ""
+    dups: frozenset = frozenset()
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     d = dict(pairs)
     if len(d) != len(pairs):
         seen: set[str] = set()
+        repeated = [k for k, _ in pairs if k in seen or seen.add(k)]
         out = _Duplicates(pairs)
-        out.dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        out.dup, out.dups = repeated[0], frozenset(repeated)
         return out
     return d
 
@@ -259,9 +265,12 @@ def _validate(header: Any, file: str) -> tuple[list[tuple[int, int, str, str, li
                 keys += _check_metadata(info, file)
                 continue
             if type(info) is _Duplicates:
-                raise _bad(file, name, f"the field {info.dup!r} twice")
-            raise _bad(file, name, f"a JSON {_json_type(info)} where an object of dtype, shape and data_offsets "
-                                   "belongs")
+                if info.dups & _FIELDS:
+                    raise _bad(file, name, f"the field {sorted(info.dups & _FIELDS)[0]!r} twice")
+                info = dict(info)  # a repeated field that safetensors ignores
+            else:
+                raise _bad(file, name, f"a JSON {_json_type(info)} where an object of dtype, shape and "
+                                       "data_offsets belongs")
         if name == "__metadata__":
             keys += _check_metadata(info, file)
             continue
