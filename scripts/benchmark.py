@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """How long `tpaudit check` takes on the DeepSeek-V3 fixture (91,991 tensors), next to the cost of importing torch
-and transformers alone, and where the time goes inside one run. Speed goals live here, not in timed tests.
+and transformers alone, where the time goes inside one run, and how long reading and validating the safetensors
+headers of the same checkpoint takes (written sparse: real headers, no data). Speed goals live here, not in timed
+tests: validating DeepSeek-V3's 163 headers should take a small fraction of a second.
 
 Usage:
     python scripts/benchmark.py [--repeat 3] [--fixture fixtures/deepseek-v3.snapshot.json.gz] [--tp 8]
@@ -9,6 +11,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -65,6 +68,52 @@ def stages(fixture: str, tp: int) -> list[tuple[str, float]]:
     return out
 
 
+def header_stages(fixture: str, repeat: int) -> list[tuple[str, float]]:
+    """Read and validate the safetensors headers of a sparse checkpoint written from `fixture` (real headers, data
+    region a hole), next to what huggingface_hub's reader it replaced costs. Median of `repeat` runs."""
+    import os
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from huggingface_hub import get_local_safetensors_metadata
+
+    from tpaudit.sources import open_source
+    from tpaudit.sources.safetensors_header import parse_header, read_local_header
+    from tpaudit.sparse import write_sparse_checkpoint
+
+    source = open_source(fixture)
+    if source.tensors is None:
+        return []
+    with tempfile.TemporaryDirectory(prefix="tpaudit-bench-") as tmp:
+        shards = write_sparse_checkpoint(source, tmp)
+        headers = []
+        for path in shards:
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                headers.append((str(path), f.read(n), os.path.getsize(path) - 8 - n))
+        size = sum(len(raw) for _, raw, _ in headers)
+        count = len(source.tensors)
+
+        def median(fn) -> float:
+            times = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            return statistics.median(times)
+
+        return [
+            (f"parse + validate {len(shards)} headers in memory ({count:,} tensors, {size / 1e6:.1f} MB of JSON)",
+             median(lambda: [parse_header(raw, name, data) for name, raw, data in headers])),
+            ("  of which json.loads alone", median(lambda: [json.loads(raw) for _, raw, _ in headers])),
+            ("read + validate them from disk (read_local_header)",
+             median(lambda: [read_local_header(path) for path in shards])),
+            ("open_source(directory): index, headers, tensor table", median(lambda: open_source(tmp))),
+            ("for comparison: huggingface_hub.get_local_safetensors_metadata", median(
+                lambda: get_local_safetensors_metadata(tmp))),
+        ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
@@ -86,6 +135,12 @@ def main() -> int:
     print("\nstages of one in-process run:")
     for name, seconds in stages(args.fixture, args.tp):
         print(f"  {seconds:7.2f}  {name}")
+    rows = header_stages(args.fixture, args.repeat)
+    if rows:
+        print(f"\nsafetensors headers of a sparse checkpoint written from {Path(args.fixture).name} (median of "
+              f"{args.repeat}):")
+        for name, seconds in rows:
+            print(f"  {seconds:7.2f}  {name}")
     return 0
 
 
