@@ -179,6 +179,16 @@ def test_hub_cache_layout_checks_like_copied_files(tmp_path):
     assert a["total_param_bytes"] == sum(nbytes(d, s) for _, d, s in expected) == 16_060_522_496
 
 
+def test_the_cache_repo_folder_points_at_its_snapshot(tmp_path):
+    snapshot = tmp_path / "models--acme--m" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(GRANITE_CONFIG)
+    (tmp_path / "models--acme--m" / "refs").mkdir()
+    (tmp_path / "models--acme--m" / "refs" / "main").write_text("a" * 40)
+    assert_one_error(check("check", str(tmp_path / "models--acme--m"), "--tp", "2"),
+                     f"Pass {snapshot}")
+
+
 def test_model_safetensors_wins_over_a_stale_index(tmp_path):
     """transformers loads model.safetensors when it exists, whatever an index beside it says."""
     from tpaudit.sources import open_source

@@ -129,6 +129,8 @@ def load_local(ref: str) -> ModelSource:
                                   "the config's dtype",))
 
     config_path = path / CONFIG_NAME
+    if not os.path.lexists(config_path) and (path / "snapshots").is_dir():
+        _refuse_cache_repo_folder(path)
     config = read_config(config_path)
     notes: list[str] = []
     tensors = None
@@ -158,6 +160,19 @@ def load_local(ref: str) -> ModelSource:
                          "device and bytes from the config's dtype")
     return ModelSource(ref=ref, kind="local", config=config, tensors=tensors, config_path=str(config_path),
                        config_dir=str(path), notes=tuple(notes))
+
+
+def _refuse_cache_repo_folder(path: Path) -> None:
+    """`models--ORG--NAME/` of the Hugging Face cache holds `snapshots/<commit>/`, not the files: say which to pass."""
+    commit = None
+    try:
+        commit = (path / "refs" / "main").read_text(encoding="utf-8").strip()[:64] or None
+    except (OSError, UnicodeDecodeError):
+        pass
+    target = path / "snapshots" / commit if commit and (path / "snapshots" / commit).is_dir() else \
+        path / "snapshots" / "<commit>"
+    raise ConfigError(f"{path} is a Hugging Face cache folder, not a model directory: the files are in "
+                      f"snapshots/<commit>/. Pass {target}", path=str(path / CONFIG_NAME))
 
 
 def check_shard_name(shard: object, index: str) -> str:
