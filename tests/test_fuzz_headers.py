@@ -11,8 +11,8 @@ Verdicts: safetensors accepts a file when `safe_open(path, "pt")` opens it and `
 every tensor; tpaudit accepts it when `read_local_header` returns (it may raise nothing but `CheckpointError`). They
 must agree both ways, except where tpaudit refuses on purpose (the rules in `tpaudit/sources/safetensors_header.py`),
 recomputed here from the raw JSON: a tensor name twice, rank > 8, a dimension or element count over 2^53, an entry
-written as a JSON array or a dtype as an object, the F6 dtypes, a header over 25,000,000 bytes. tpaudit never
-accepts what safetensors refuses.
+written as a JSON array or a dtype as an object, the F6 dtypes, a header over 25,000,000 bytes or with more than
+2,000,000 arrays/objects. tpaudit never accepts what safetensors refuses.
 """
 
 from __future__ import annotations
@@ -318,6 +318,8 @@ def refused_on_purpose(raw_json: bytes, length: int) -> str | None:
     """Which documented tpaudit rule refuses a header safetensors accepts, or None."""
     if length > HF_HUB_MAX_HEADER:
         return "header over huggingface_hub's cap"
+    if raw_json.count(b"[") + raw_json.count(b"{") > 2_000_000:
+        return "more than 2,000,000 arrays/objects"
     try:
         top = json.loads(raw_json.decode("utf-8"), object_pairs_hook=Tagged)
     except (ValueError, RecursionError):

@@ -329,6 +329,8 @@ HEADER_FILE_FAULTS = [
                        b'4096]}}', NORM_BYTES, "lone UTF-16 surrogate"),
     ("metadata not strings", {"__metadata__": {"format": 1}, NORM: norm_entry()}, NORM_BYTES,
      "__metadata__ is not an object of strings"),
+    ("2 M empty arrays", b'{"model.norm.weight": {"dtype": "BF16", "shape": [2048], "x": [' + b"[]," * 2_000_000
+     + b'[]], "data_offsets": [0, 4096]}}', NORM_BYTES, "more than 2,000,000 arrays/objects"),
     ("integer past Python's limit", b'{"model.norm.weight": {"dtype": "BF16", "shape": [' + b"9" * 5001 + b"], "
                                     b'"data_offsets": [0, 4096]}}', NORM_BYTES, "not valid JSON"),
 ]

@@ -23,7 +23,9 @@ tpaudit is stricter than safetensors on purpose in six ways, each refused with a
    the positional and map forms serde also accepts, which no writer produces;
 4. the dtypes `F6_E2M3` and `F6_E3M2`, which tpaudit cannot size yet (no transformers quantizer stores them);
 5. a header longer than `huggingface_hub.constants.SAFETENSORS_MAX_HEADER_LENGTH` (25,000,000 bytes;
-   safetensors allows 100,000,000), the cap of the library tpaudit reads Hub headers with.
+   safetensors allows 100,000,000), the cap of the library tpaudit reads Hub headers with;
+6. more than `files.JSON_MAX_CONTAINERS` (2,000,000) arrays and objects in one header (a real one has three per
+   tensor), which bounds what parsing a 25 MB header can build (8 M empty arrays would be 450 MB).
 
 Validating DeepSeek-V3's 91,991 entries takes a small fraction of a second (`scripts/benchmark.py` measures it).
 """
@@ -58,6 +60,7 @@ MAX_EXTRA_DEPTH = 125
 """Nesting of an ignored value inside an entry: serde_json stops at 128 levels (the header and the entry are 2)."""
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_MINUS_ZERO = re.compile(r"-0(?![0-9.eE])")  # the JSON number -0 (and, rarely, the same text inside a string)
 
 Entry = tuple[str, str, tuple[int, ...]]
 """`(name, safetensors dtype, shape)` of one tensor."""
@@ -139,6 +142,11 @@ def parse_header(raw: bytes, file: str, data_size: int | None) -> list[Entry]:
         CheckpointError: anything `safetensors` would refuse, or one of the stricter rules in this module's
             docstring; the message names the file and, where there is one, the tensor.
     """
+    from .files import JSON_MAX_CONTAINERS
+
+    if raw.count(b"[") + raw.count(b"{") > JSON_MAX_CONTAINERS:
+        raise _corrupt(file, None, f"the safetensors header holds more than {JSON_MAX_CONTAINERS:,} arrays/objects, "
+                                   "far beyond any real header")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -146,7 +154,7 @@ def parse_header(raw: bytes, file: str, data_size: int | None) -> list[Entry]:
         raise CheckpointError(f"{file}: the safetensors header is not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
                               f"header offset {e.start}, after {around!r}); tensor names are UTF-8. The file is "
                               f"corrupt; {_advice(file)}", path=str(file)) from None
-    parse_int = _minus_zero if "-0" in text else None
+    parse_int = _minus_zero if _MINUS_ZERO.search(text) else None
     header = _loads(text, file, parse_int=parse_int, hook=None)
     checked = _validate_bulk(header, data_size)
     if checked is None:  # something is wrong: find the first fault, entry by entry, and name it
@@ -391,12 +399,14 @@ def _check_layout(entries: list, file: str, data_size: int | None) -> list[Entry
         pos = end
         prev = name
     if data_size is not None and pos != data_size:
-        last = f"the last tensor, {prev[:80]!r}, ends" if prev is not None else "no tensor is listed, so the data ends"
+        if prev is None:
+            raise _corrupt(file, None, f"the safetensors header lists no tensor, but the file holds {data_size:,} "
+                                       "bytes after it")
         if pos > data_size:
-            raise _corrupt(file, prev, f"{last} at byte {pos:,} of the data, but the file holds only {data_size:,} "
-                                       "bytes after its header (truncated)")
-        raise _corrupt(file, prev, f"{last} at byte {pos:,} of the data, but the file holds {data_size:,} bytes "
-                                   "after its header (bytes no tensor covers)")
+            raise _corrupt(file, prev, f"the last in the data, it ends at byte {pos:,}, but the file holds only "
+                                       f"{data_size:,} bytes after its header (truncated)")
+        raise _corrupt(file, prev, f"the last in the data, it ends at byte {pos:,}, but the file holds {data_size:,} "
+                                   "bytes after its header (bytes no tensor covers)")
     return [(name, dtype, tuple(shape)) for _, _, name, dtype, shape in entries]
 
 
