@@ -14,11 +14,12 @@ holds itself to:
 | `check --suggest` / the same `check`                                      | 1.3x   |
 | `scan` of the whole zoo                                                   | 30 s   |
 
-And the throughput of `tpaudit batch` (models per minute) over every bundled fixture at tp 4 and 8 with --jobs 1,
+Then the safetensors headers of DeepSeek-V3 (163 sparse shards, 91,991 tensors): read and validated in a small
+fraction of a second (`--section headers`). And the throughput of `tpaudit batch` (models per minute) over every bundled fixture at tp 4 and 8 with --jobs 1,
 --jobs 2 and Ray, then again from the cache (`--section batch`).
 
 Usage:
-    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...] [--section all|check|batch]
+    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...] [--section all|check|headers|batch]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,16 +95,65 @@ def batch_throughput(tp: str) -> None:
                   f"{cached} of {len(lines)} lines from the cache{same})")
 
 
+def header_stages(fixture: str, repeat: int) -> list[tuple[str, float]]:
+    """Read and validate the safetensors headers of a sparse checkpoint written from `fixture` (real headers, data
+    region a hole), next to what huggingface_hub's reader it replaced costs. Median of `repeat` runs."""
+    import os
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from huggingface_hub import get_local_safetensors_metadata
+
+    from tpaudit.sources import open_source
+    from tpaudit.sources.safetensors_header import parse_header, read_local_header
+    from tpaudit.sparse import write_sparse_checkpoint
+
+    source = open_source(fixture)
+    if source.tensors is None:
+        return []
+    with tempfile.TemporaryDirectory(prefix="tpaudit-bench-") as tmp:
+        shards = write_sparse_checkpoint(source, tmp)
+        headers = []
+        for path in shards:
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                headers.append((str(path), f.read(n), os.path.getsize(path) - 8 - n))
+        size = sum(len(raw) for _, raw, _ in headers)
+        count = len(source.tensors)
+
+        def median(fn) -> float:
+            times = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            return statistics.median(times)
+
+        return [
+            (f"parse + validate {len(shards)} headers in memory ({count:,} tensors, {size / 1e6:.1f} MB of JSON)",
+             median(lambda: [parse_header(raw, name, data) for name, raw, data in headers])),
+            ("  of which json.loads alone", median(lambda: [json.loads(raw) for _, raw, _ in headers])),
+            ("read + validate them from disk (read_local_header)",
+             median(lambda: [read_local_header(path) for path in shards])),
+            ("open_source(directory): index, headers, tensor table", median(lambda: open_source(tmp))),
+            ("for comparison: huggingface_hub.get_local_safetensors_metadata", median(
+                lambda: get_local_safetensors_metadata(tmp))),
+        ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about 30 s)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
-    ap.add_argument("--section", choices=("all", "check", "batch"), default="check")
+    ap.add_argument("--section", choices=("all", "check", "headers", "batch"), default="check")
     ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
     args = ap.parse_args()
     if args.section == "batch":
         batch_throughput(args.batch_tp)
+        return 0
+    if args.section == "headers":
+        _print_headers(args.repeat)
         return 0
 
     qwen = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
@@ -148,8 +199,17 @@ def main() -> int:
         wall = results["scan (whole zoo)"][0]
         print(f"  {wall:5.1f} s  (goal 30 s)  {'ok ' if wall <= 30 else 'OVER'}  scan of the whole zoo, --jobs 2")
     if args.section == "all":
+        _print_headers(args.repeat)
         batch_throughput(args.batch_tp)
     return 0
+
+
+def _print_headers(repeat: int) -> None:
+    fixture = str(FIXTURES / "deepseek-v3.snapshot.json.gz")
+    rows = header_stages(fixture, repeat)
+    print(f"\nsafetensors headers of a sparse checkpoint written from {Path(fixture).name} (median of {repeat}):")
+    for name, seconds in rows:
+        print(f"  {seconds:7.3f} s  {name}")
 
 
 if __name__ == "__main__":

@@ -61,8 +61,8 @@ def test_deeply_nested_json(tmp_path):
 
 
 @pytest.mark.parametrize("header, needle", [
-    ([1, 2], "malformed"),
-    ({"w": [1, 2, 3]}, "malformed"),
+    ([1, 2], "header is a JSON array, not an object of tensors"),
+    ({"w": [1, 2, 3]}, "tensor 'w' in the safetensors header has a JSON array where an object"),
     ({"w": {"dtype": "F32", "shape": "100x64", "data_offsets": [0, 4]}}, "shape"),
     ({"w": {"dtype": "F32", "shape": None, "data_offsets": [0, 4]}}, "shape"),
     ({"w": {"dtype": "F32", "shape": [-100, 64], "data_offsets": [0, 4]}}, "non-negative"),

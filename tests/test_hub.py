@@ -169,4 +169,7 @@ def test_malformed_header_is_exit_2(hub, tmp_path):
     proc = run_cli("check", "acme/broken-header", "--tp", "2", env=env_for(hub, tmp_path))
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "safetensors headers" in lines[0]
+    assert len(lines) == 1, proc.stderr
+    # names the repo, the file and what is wrong: 8 bytes of 0xff declare a header of 2^64 - 1 bytes
+    assert lines[0].startswith("error: acme/broken-header@") and "/model.safetensors:" in lines[0]
+    assert f"header declares {2**64 - 1:,} bytes" in lines[0] and "tell its owners" in lines[0]

@@ -162,14 +162,10 @@ def load_plan_file(path: str) -> dict[str, str]:
     Raises:
         PlanError: not readable, not a JSON object of strings, or a style transformers does not register.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            plan = json.load(f)
-    except OSError as e:
-        raise PlanError(f"cannot read --plan {path}: {e.strerror or e}. Check the path", path=path) from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as e:
-        raise PlanError(f"--plan {path} is not valid JSON: {e}. Write a JSON object of rule -> style", path=path) \
-            from None
+    from .sources.files import PLAN_MAX_BYTES, load_json, read_capped  # regular file, size cap, no FIFO/device
+
+    plan = load_json(read_capped(path, "--plan file", PLAN_MAX_BYTES, lambda m: PlanError(m, path=path)),
+                     "--plan file", path, lambda m: PlanError(m, path=path))
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
         raise PlanError(f"--plan {path} must be a JSON object of rule -> style strings, e.g. "
                         '{"layers.*.self_attn.q_proj": "colwise"}', path=path)

@@ -64,11 +64,18 @@ class ConfigError(InputError):
 
 
 class CheckpointError(InputError):
-    """A safetensors header or index is unreadable, malformed, or lists a shard that is missing."""
+    """A safetensors header or index is unreadable, malformed, or lists a shard that is missing.
 
-    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None):
+    Attributes:
+        path (`str`, *optional*): the file at fault (shard, index or model directory).
+        tensor (`str`, *optional*): the header entry at fault, when one is.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None,
+                 hint: str | None = None):
         super().__init__(message, hint=hint)
         self.path = path
+        self.tensor = tensor
 
 
 class SnapshotError(InputError):

@@ -2,10 +2,14 @@
 
 1. `hf_hub_download(config.json)`: one HEAD + GET of the resolve endpoint; the client's cache keeps it, and its
    snapshot path names the resolved commit. Every later request is pinned to that commit.
-2. Headers: on the default revision, the single-request `HfApi.get_sharded_safetensors_metadata` where the server
-   offers it; otherwise (or when it answers with an error) `HfApi.get_safetensors_metadata` at the commit: the index,
-   then HTTP Range reads of each shard's header (the first 100 kB, a second read only for larger headers), in
-   parallel threads. A 60 GB checkpoint costs about 1 MB.
+2. Headers: on the default revision, the Hub's single-request safetensors-metadata endpoint (the one
+   `HfApi.get_sharded_safetensors_metadata` calls) where the server offers it; otherwise (or when it answers with an
+   error) `model.safetensors` or the index at the commit, then HTTP Range reads of each shard's header (the first
+   100 kB, a second read only for larger headers), in parallel threads, the requests `HfApi.get_safetensors_metadata`
+   makes. A 60 GB checkpoint costs about 1 MB. The bytes come through huggingface_hub's session (its auth headers,
+   redirects and error classes), but tpaudit parses and validates them itself (`safetensors_header`): the library's
+   dataclasses would multiply each shape before anything checks it (an 85-byte header with `"shape": ["ab",
+   3000000000]` builds a 6 GB string).
 3. The parsed table is cached as a `tpaudit/snapshot/v1` file keyed by endpoint, repo and commit under
    `$HF_HOME/tpaudit/`, so a second run reads no header and an `HF_HUB_OFFLINE=1` run works after one online run.
 
@@ -22,7 +26,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..errors import (CheckpointError, ConfigError, GatedRepoError, HubConnectionError, HubError,
-                      RepoNotFoundError)
+                      RepoNotFoundError, TpauditError)
 from ..model import ModelSource
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -118,22 +122,121 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
     raise e
 
 
-def _fetch_metadata(api, repo_id: str, commit: str, default_revision: bool):
-    """Safetensors headers at `commit`: the single-request variant first on the default revision, else Range reads.
-    Returns `None` for a repo without safetensors."""
-    from huggingface_hub import errors as hf
+_FIRST_READ = 100_000  # bytes of a shard read first: as huggingface_hub, one request for 97% of real headers
+_METADATA_MAX_BYTES = 256 * 2**20  # the single-request endpoint's answer: every shard's header (Kimi-K2.5: ~25 MB)
 
+
+def _label(repo_id: str, revision: str | None, filename: str) -> str:
+    rev = (revision[:12] if revision and _COMMIT.match(revision) else revision) or "main"
+    return f"{repo_id}@{rev}/{filename}"
+
+
+def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool, endpoint: str, token):
+    """Every checkpoint tensor of `repo_id` at `commit`, validated; `None` for a repo without safetensors.
+
+    Raises:
+        CheckpointError: a header is malformed (naming the shard and tensor), or the index names a shard outside
+            the repo.
+        huggingface_hub / httpx errors for `_raise_hub_error` to translate.
+    """
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub import errors as hf
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, hf_thread_map
+    from urllib.parse import quote
+
+    from .local import SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE, check_shard_name, tensors_from_headers
+    from .safetensors_header import HUB_ADVICE, Shard, header_length, parse_header, validate_header_object
+
+    http_headers = build_hf_headers(token=token)
+    timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
     if default_revision:
+        shards = None
         try:
-            meta = api.get_sharded_safetensors_metadata(repo_id)
-            if meta.files_metadata:
-                return meta
-        except (hf.HfHubHTTPError, KeyError, ValueError, TypeError):
-            pass  # not offered by this server, or not a sharded repo: parse the headers one by one
-    try:
-        return api.get_safetensors_metadata(repo_id, revision=commit)
-    except hf.NotASafetensorsRepoError:
+            r = get_session().get(f"{endpoint}/api/models/{repo_id}/safetensors-metadata/"
+                                  f"{quote(SAFETENSORS_INDEX_FILE, safe='/')}", headers=http_headers, timeout=timeout)
+            hf_raise_for_status(r)
+            if len(r.content) <= _METADATA_MAX_BYTES:
+                from .files import load_json
+
+                body = load_json(r.content, "safetensors metadata", f"{endpoint}/api/models/{repo_id}")
+                shards = body["headers"] if isinstance(body, dict) else None
+        except (hf.HfHubHTTPError, KeyError, TypeError, ValueError):  # ValueError: InputError from load_json
+            shards = None  # not offered by this server, or not a sharded repo: read the headers one by one
+        if isinstance(shards, dict) and shards:
+            # This answer gives no file sizes, so "the last tensor ends at the end of the file" cannot be checked
+            # here; dtypes, shapes and contiguous data_offsets from 0 are. Duplicate names were merged by the
+            # server's JSON encoder before tpaudit sees them.
+            return tensors_from_headers([
+                (check_shard_name(shard, _label(repo_id, commit, SAFETENSORS_INDEX_FILE)),
+                 validate_header_object(header, Shard(_label(repo_id, commit, shard), HUB_ADVICE)))
+                for shard, header in shards.items()], HUB_ADVICE)
+
+    if api.file_exists(repo_id, SAFETENSORS_SINGLE_FILE, revision=commit):
+        filenames = [SAFETENSORS_SINGLE_FILE]
+    elif api.file_exists(repo_id, SAFETENSORS_INDEX_FILE, revision=commit):
+        from huggingface_hub import hf_hub_download
+
+        from .files import INDEX_MAX_BYTES, load_json, read_capped
+
+        index_file = hf_hub_download(repo_id, SAFETENSORS_INDEX_FILE, revision=commit, token=token,
+                                     endpoint=endpoint, cache_dir=_hub_cache())
+        label = _label(repo_id, commit, SAFETENSORS_INDEX_FILE)
+
+        def error(message: str) -> CheckpointError:
+            return CheckpointError(message, path=label)
+
+        index = load_json(read_capped(index_file, "safetensors index", INDEX_MAX_BYTES, error),
+                          "safetensors index", label, error)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{label} has no weight_map of tensor name -> shard file. The repo's index is "
+                                  "corrupt", path=label)
+        for value in weight_map.values():
+            if not isinstance(value, str):
+                check_shard_name(value, label)
+        filenames = sorted({check_shard_name(v, label) for v in set(weight_map.values())})
+    else:
         return None
+
+    def one(filename: str):
+        url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint)
+        label = Shard(_label(repo_id, commit, filename), HUB_ADVICE)
+        session = get_session()
+        r = session.get(url, headers={**http_headers, "range": f"bytes=0-{_FIRST_READ}"}, timeout=timeout)
+        hf_raise_for_status(r)
+        content = r.content
+        size = _file_size(r, len(content))
+        n = header_length(content[:8], label)
+        if size is not None and n > size - 8:
+            raise CheckpointError(f"{label}: its safetensors header declares {n:,} bytes, but the file holds only "
+                                  f"{size - 8:,} after the length. The file is corrupt; {HUB_ADVICE}", path=str(label))
+        if n <= len(content) - 8:
+            raw = content[8:8 + n]
+        else:
+            r = session.get(url, headers={**http_headers, "range": f"bytes=8-{n + 7}"}, timeout=timeout)
+            hf_raise_for_status(r)
+            raw = r.content if r.status_code == 206 else r.content[8:8 + n]
+            if len(raw) < n:
+                raise CheckpointError(f"{label}: the server sent {len(raw):,} of the {n:,} header bytes. Retry",
+                                      path=str(label))
+            raw = raw[:n]
+        # The end-of-file check uses the size the server reports (Content-Range of the ranged read); without one,
+        # everything else is still checked (see `parse_header`).
+        return filename, parse_header(raw, label, None if size is None else size - 8 - n)
+
+    return tensors_from_headers(hf_thread_map(one, filenames, desc="Parse safetensors files"), HUB_ADVICE)
+
+
+def _file_size(response, received: int) -> int | None:
+    """The whole file's size from a ranged answer (`Content-Range: bytes 0-99999/SIZE`), or from a whole-file
+    answer (a server that ignored the range); `None` when the server does not say."""
+    content_range = response.headers.get("Content-Range") or ""
+    total = content_range.rpartition("/")[2].strip()
+    if response.status_code == 206:
+        return int(total) if total.isdigit() else None
+    if response.status_code == 200:
+        return received
+    return None
 
 
 def load_hub(repo_id: str, *, revision: str | None = None, token: str | None = None,
@@ -172,7 +275,7 @@ def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.utils import disable_progress_bars
 
-    from .local import read_config, tensors_from_safetensors_metadata
+    from .local import read_config
     from .snapshot import load_snapshot, write_snapshot
 
     try:
@@ -197,20 +300,21 @@ def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
                                  repo_id=repo_id, revision=revision)
     else:
         api = HfApi(endpoint=endpoint, token=token)
+        default_revision = revision in (None, "main")
         try:
             if progress:
-                metadata = _fetch_metadata(api, repo_id, commit or revision, revision in (None, "main"))
+                tensors = _fetch_tensors(api, repo_id, commit or revision, default_revision, endpoint, token)
             else:
                 with disable_progress_bars():
-                    metadata = _fetch_metadata(api, repo_id, commit or revision, revision in (None, "main"))
+                    tensors = _fetch_tensors(api, repo_id, commit or revision, default_revision, endpoint, token)
+        except TpauditError:
+            raise
         except Exception as e:  # noqa: BLE001
             _raise_hub_error(e, repo_id, revision, endpoint, "safetensors index")
-        if metadata is None:
+        if tensors is None:
             notes.append("config only: the repo has no model.safetensors or model.safetensors.index.json (.bin/.pth "
                          "weights cannot be listed without downloading them); shapes come from the meta model and "
                          "bytes from the config's dtype")
-        else:
-            tensors = tensors_from_safetensors_metadata(metadata)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             source = ModelSource(ref=repo_id, kind="hub", config=config, tensors=tensors, repo_id=repo_id,

@@ -1,17 +1,25 @@
 """Local source: a model directory (`config.json`, with or without safetensors files), or a bare `config.json`.
 
-Only headers are read: `huggingface_hub.get_local_safetensors_metadata` reads the 8-byte length and the JSON header of
-each shard and never touches tensor data, so a 600 GB checkpoint costs a few MB of reads.
+Only headers are read: `safetensors_header.read_local_header` reads the 8-byte length and the JSON header of each
+shard and never touches tensor data, so a 600 GB checkpoint costs a few MB of reads.
+
+The checkpoint is the one `from_pretrained` loads (transformers 5.23 `modeling_utils._get_resolved_checkpoint_files`):
+`model.safetensors` when it is there, even beside an index (a stale index is then ignored, with a note), else
+`model.safetensors.index.json` and the shards its `weight_map` names. Symlinks are followed, as in the Hugging Face
+cache (`models--ORG--NAME/snapshots/SHA/`, whose files link into `../../blobs/`), so a cache snapshot checks exactly
+like the same files copied; an index entry whose *name* leaves the directory (`../x`, an absolute path) is refused.
+Whatever stands where a file must be and is not a readable regular file (a dangling symlink left by an interrupted
+download, a directory, FIFO, socket, device, symlink loop) is an input error naming it, never "config only".
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..errors import CheckpointError, ConfigError
 from ..model import CheckpointTensor, ModelSource
+from .files import CONFIG_MAX_BYTES, INDEX_MAX_BYTES, JSON_MAX_DEPTH, load_json, read_capped
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_SINGLE_FILE = "model.safetensors"
@@ -20,92 +28,83 @@ _NON_SAFETENSORS_WEIGHTS = (".bin", ".pth", ".pt", ".ckpt", ".gguf")
 
 
 def read_config(path: Path) -> dict:
-    """Parse a `config.json`.
+    """Parse a `config.json`: a regular file of at most `CONFIG_MAX_BYTES`, strict UTF-8 JSON, one object.
 
     Raises:
-        ConfigError: the file is missing, unreadable, not JSON, or not a JSON object.
+        ConfigError: the file is missing, a dangling symlink, not a regular file (directory, FIFO, device), over the
+            size cap, not UTF-8 JSON, nested too deeply, or not a JSON object.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    path = Path(path)
+
+    def error(message: str) -> ConfigError:
+        return ConfigError(message, path=str(path))
+
+    if not os.path.lexists(path):
         raise ConfigError(
             f"{path.parent} has no {path.name}: a model directory needs the config.json it was saved with. "
             "Pass the directory that from_pretrained would load",
             path=str(path),
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {path}: {e}. Check the file's permissions and encoding", path=str(path)) from None
-    try:
-        config = json.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{path} nests JSON too deeply to be a config.json. Fix the file", path=str(path)) from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. Fix the file or download it again",
-            path=str(path),
-        ) from None
+        )
+    raw = read_capped(path, "config.json", CONFIG_MAX_BYTES, error)
+    config = load_json(raw, "config.json", str(path), error, max_depth=JSON_MAX_DEPTH)
     if not isinstance(config, dict):
         raise ConfigError(f"{path} is not a JSON object. A config.json holds one object of settings", path=str(path))
     return config
 
 
-def tensors_from_safetensors_metadata(metadata) -> tuple[CheckpointTensor, ...]:
-    """Flatten a `huggingface_hub.SafetensorsRepoMetadata` into tensors, shard by shard in file-name order, each
-    shard's tensors in data-offset order (the order of the bytes on disk).
+def tensors_from_headers(headers: list[tuple[str, list]], advice: str = "download it again"
+                         ) -> tuple[CheckpointTensor, ...]:
+    """Flatten validated headers into tensors, shard by shard in file-name order, each shard's tensors in
+    data-offset order (the order of the bytes on disk).
 
     Args:
-        metadata (`SafetensorsRepoMetadata`): from `get_local_safetensors_metadata` or `HfApi.get_safetensors_metadata`.
+        headers (`list[tuple[str, list[tuple[str, str, tuple[int, ...]]]]]`): `(shard file name, entries)` as
+            `safetensors_header.read_local_header` / `parse_header` return them.
+        advice (`str`, *optional*): what a message tells the user to do about a corrupt checkpoint.
+
+    Returns:
+        `tuple[CheckpointTensor, ...]`.
 
     Raises:
-        CheckpointError: a header lists a dtype the safetensors format does not define.
+        CheckpointError: two shards hold a tensor of the same name (a loader would keep one of them silently).
     """
+    headers = sorted(headers, key=lambda h: h[0])
+    total = sum(len(entries) for _, entries in headers)
+    if len({name for _, entries in headers for name, _, _ in entries}) != total:
+        seen: dict[str, str] = {}
+        for filename, entries in headers:
+            for name, _, _ in entries:
+                if name in seen:
+                    raise CheckpointError(f"tensor {name[:80]!r} is in both {seen[name]} and {filename}, and a loader "
+                                          f"keeps one of them silently. The checkpoint is corrupt; {advice}",
+                                          path=filename, tensor=name)
+                seen[name] = filename
     out: list[CheckpointTensor] = []
-    for filename in sorted(metadata.files_metadata):
-        file_meta = metadata.files_metadata[filename]
-        tensors = getattr(file_meta, "tensors", None)
-        if not isinstance(tensors, dict):
-            raise CheckpointError(f"{filename}: the safetensors header is not a JSON object of tensors. The shard is "
-                                  "corrupt; re-download it", path=filename)
-        entries = [_checked_entry(filename, name, info) for name, info in tensors.items()]
-        for _, name, dtype, shape in sorted(entries, key=lambda e: e[0]):
-            out.append(CheckpointTensor(name=name, dtype=dtype, shape=shape, file=filename))
+    for filename, entries in headers:
+        out.extend(CheckpointTensor(name, dtype, shape, filename) for name, dtype, shape in entries)
     return tuple(out)
 
 
-def _checked_entry(filename: str, name, info) -> tuple[int, str, str, tuple[int, ...]]:
-    """`(data start, name, dtype, shape)` of one header entry, or `CheckpointError` naming what is malformed."""
-    from ..model import SAFETENSORS_DTYPE_BYTES
-
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"{filename}: tensor {str(name)[:80]!r} has {what} in its safetensors header. The shard "
-                               "is corrupt or was not written by safetensors; re-download it", path=filename)
-
-    dtype = getattr(info, "dtype", None)
-    shape = getattr(info, "shape", None)
-    offsets = getattr(info, "data_offsets", None)
-    if not isinstance(name, str):
-        raise bad("a non-string name")
-    if dtype not in SAFETENSORS_DTYPE_BYTES:
-        raise bad(f"dtype {dtype!r}, which safetensors does not define")
-    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                       for d in shape):
-        raise bad(f"shape {str(shape)[:60]}, not a list of non-negative integers")
-    if not (isinstance(offsets, (list, tuple)) and len(offsets) == 2 and all(isinstance(o, int) and
-                                                                          not isinstance(o, bool) for o in offsets)):
-        raise bad(f"data_offsets {str(offsets)[:60]}, not two integers")
-    return offsets[0], name, dtype, tuple(shape)
-
-
 def _has_other_weights(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.suffix in _NON_SAFETENSORS_WEIGHTS)
+    try:
+        return sorted(p.name for p in directory.iterdir() if p.suffix in _NON_SAFETENSORS_WEIGHTS)
+    except OSError:
+        return []
+
+
+def _stray_shards(directory: Path) -> list[str]:
+    try:
+        return sorted(p.name for p in directory.iterdir() if p.name.endswith(".safetensors"))
+    except OSError:
+        return []
 
 
 def load_local(ref: str) -> ModelSource:
     """Read a local model directory or a bare `config.json` file.
 
     A directory with `model.safetensors` or `model.safetensors.index.json` gives the checkpoint's tensor table (headers
-    only). A directory without safetensors (config only, or `.bin`/`.pth` weights, which cannot be listed without
-    unpickling them) gives a config-only source with a note saying so.
+    only, every one validated as safetensors would). A directory without either (config only, or `.bin`/`.pth`
+    weights, which cannot be listed without unpickling them) gives a config-only source with a note saying so.
 
     Args:
         ref (`str`): an existing directory or `config.json` path.
@@ -114,11 +113,12 @@ def load_local(ref: str) -> ModelSource:
         `ModelSource` of kind `"local"`.
 
     Raises:
-        ConfigError: `config.json` is missing or malformed.
-        CheckpointError: the index lists a shard that is missing, or a header is truncated or malformed.
+        ConfigError: `config.json` is missing, unreadable, not a regular file, or malformed.
+        CheckpointError: `model.safetensors`, the index or a shard it names is not a readable regular file (dangling
+            symlink, directory, FIFO, device, loop), the index names a shard outside the directory, or a header is
+            truncated or malformed (naming the file and tensor).
     """
-    from huggingface_hub import get_local_safetensors_metadata
-    from huggingface_hub.errors import NotASafetensorsRepoError, SafetensorsParsingError
+    from .safetensors_header import read_local_header
 
     path = Path(ref)
     if path.is_file():
@@ -129,31 +129,29 @@ def load_local(ref: str) -> ModelSource:
                                   "the config's dtype",))
 
     config_path = path / CONFIG_NAME
+    if not os.path.lexists(config_path) and (path / "snapshots").is_dir():
+        _refuse_cache_repo_folder(path)
     config = read_config(config_path)
     notes: list[str] = []
     tensors = None
-    has_safetensors = (path / SAFETENSORS_INDEX_FILE).is_file() or (path / SAFETENSORS_SINGLE_FILE).is_file()
-    if has_safetensors:
-        index = path / SAFETENSORS_INDEX_FILE
-        if index.is_file():
-            _check_index(index, path)
-        try:
-            metadata = get_local_safetensors_metadata(path)
-        except SafetensorsParsingError as e:
-            raise CheckpointError(f"{path}: {str(e).rstrip('.')}. Re-download the shard: tpaudit reads only its header",
-                                  path=str(path)) from None
-        except NotASafetensorsRepoError as e:  # pragma: no cover - guarded by has_safetensors
-            raise CheckpointError(str(e), path=str(path)) from None
-        except OSError as e:
-            raise CheckpointError(f"cannot read the safetensors headers in {path}: {e}. Check the files",
-                                  path=str(path)) from None
-        except Exception as e:  # noqa: BLE001 - a header of the wrong JSON shape breaks the parser in many ways
-            raise CheckpointError(f"{path}: a safetensors header is malformed ({type(e).__name__}: {e}). Re-download "
-                                  "the shard: tpaudit reads only its header", path=str(path)) from None
-        tensors = tensors_from_safetensors_metadata(metadata)
+    single = path / SAFETENSORS_SINGLE_FILE
+    index = path / SAFETENSORS_INDEX_FILE
+    if os.path.lexists(single):  # transformers loads model.safetensors first, whatever an index says
+        tensors = tensors_from_headers([(SAFETENSORS_SINGLE_FILE, read_local_header(single))])
+        if os.path.lexists(index):
+            notes.append(f"{SAFETENSORS_SINGLE_FILE} is read and {SAFETENSORS_INDEX_FILE} ignored, as "
+                         "from_pretrained does when both are present")
+    elif os.path.lexists(index):
+        shards = _read_index(index, path)
+        tensors = tensors_from_headers([(shard, read_local_header(path / shard)) for shard in shards])
     else:
         others = _has_other_weights(path)
-        if others:
+        stray = _stray_shards(path)
+        if stray:
+            notes.append(f"config only: {path} holds {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''} but "
+                         f"neither {SAFETENSORS_SINGLE_FILE} nor {SAFETENSORS_INDEX_FILE}, so from_pretrained would "
+                         "not load them; shapes come from the meta model and bytes from the config's dtype")
+        elif others:
             notes.append(f"config only: {path} holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, "
                          "which cannot be listed without unpickling; shapes come from the meta model and bytes from "
                          "the config's dtype")
@@ -164,26 +162,59 @@ def load_local(ref: str) -> ModelSource:
                        config_dir=str(path), notes=tuple(notes))
 
 
-def _check_index(index: Path, directory: Path) -> None:
-    """Fail early, with the file name, when the index is malformed or names a shard that is not there."""
+def _refuse_cache_repo_folder(path: Path) -> None:
+    """`models--ORG--NAME/` of the Hugging Face cache holds `snapshots/<commit>/`, not the files: say which to pass."""
+    commit = None
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{index} is not a readable JSON index: {e}. Download it again",
-                              path=str(index)) from None
+        commit = (path / "refs" / "main").read_text(encoding="utf-8").strip()[:64] or None
+    except (OSError, UnicodeDecodeError):
+        pass
+    target = path / "snapshots" / commit if commit and (path / "snapshots" / commit).is_dir() else \
+        path / "snapshots" / "<commit>"
+    raise ConfigError(f"{path} is a Hugging Face cache folder, not a model directory: the files are in "
+                      f"snapshots/<commit>/. Pass {target}", path=str(path / CONFIG_NAME))
+
+
+def check_shard_name(shard: object, index: str) -> str:
+    """A shard name from an index's `weight_map`, refused when it is not a relative path inside the directory.
+
+    The test is on the name, not on where a symlink leads: the Hugging Face cache links every shard into
+    `../../blobs/`, and that is fine; `../x`, `/etc/x` or `C:\\x` are not.
+
+    Raises:
+        CheckpointError: empty, absolute, with a `..` component, a backslash or a NUL byte.
+    """
+    if not isinstance(shard, str) or not shard:
+        raise CheckpointError(f"{index} maps a tensor to shard {shard!r}, which is not a file name. Fix the index",
+                              path=index)
+    parts = PurePosixPath(shard).parts
+    if os.path.isabs(shard) or shard.startswith("/") or ".." in parts or "\\" in shard or "\0" in shard or \
+            (len(shard) > 1 and shard[1] == ":"):
+        raise CheckpointError(f"{index} names shard {shard[:120]!r} outside the model directory. Fix the index: "
+                              "shard names are relative to it", path=index)
+    return shard
+
+
+def _read_index(index: Path, directory: Path) -> list[str]:
+    """The shard names of `model.safetensors.index.json`, each checked to name a file inside `directory`."""
+    def error(message: str) -> CheckpointError:
+        return CheckpointError(message, path=str(index))
+
+    raw = read_capped(index, "safetensors index", INDEX_MAX_BYTES, error)
+    data = load_json(raw, "safetensors index", str(index), error)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index} has no weight_map of tensor name -> shard file. Download it again",
                               path=str(index))
-    root = directory.resolve()
-    for shard in sorted(set(weight_map.values())):
-        target = (directory / shard).resolve()
-        if not shard or os.path.isabs(shard) or root not in target.parents:
-            raise CheckpointError(f"{index} names shard {shard!r} outside the model directory. Fix the index",
-                                  path=str(index))
-        if not (directory / shard).is_file():
+    for value in weight_map.values():
+        if not isinstance(value, str):
+            check_shard_name(value, str(index))  # raises, naming the value
+    shards = sorted({check_shard_name(v, str(index)) for v in set(weight_map.values())})
+    for shard in shards:
+        if not os.path.lexists(directory / shard):
             raise CheckpointError(
                 f"{directory} is incomplete: the index lists {shard}, which is missing. Download the snapshot "
                 "again or pass the Hub id",
                 path=str(directory / shard),
             )
+    return shards

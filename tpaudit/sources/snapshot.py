@@ -24,41 +24,41 @@ from __future__ import annotations
 import datetime as _dt
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from ..errors import SnapshotError
 from ..model import SAFETENSORS_DTYPE_BYTES, CheckpointTensor, ModelSource
+from .files import (JSON_MAX_DEPTH, SNAPSHOT_MAX_BYTES, gunzip_capped, json_depth_exceeds, load_json,
+                    read_capped)
+from .safetensors_header import MAX_DIM, MAX_ELEMENTS, MAX_RANK
 
 SNAPSHOT_SCHEMA = "tpaudit/snapshot/v1"
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise SnapshotError(f"cannot read {path}: {e.strerror or e}. Check the path", path=str(path)) from None
-    try:
-        if raw[:2] == _GZIP_MAGIC:
-            raw = gzip.decompress(raw)
-        return json.loads(raw)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise SnapshotError(f"{path} is not a JSON (or gzip JSON) file: {e}. Record it again with "
-                            "'tpaudit snapshot'", path=str(path)) from None
+    """A snapshot's JSON: a regular file of at most `SNAPSHOT_MAX_BYTES`, gunzipped as a stream up to the same cap
+    (a 6 MB gzip bomb stops at the cap), parsed with the caps of `files.load_json`."""
+    def error(message: str) -> SnapshotError:
+        return SnapshotError(message, path=str(path))
 
-
-def _index(x) -> bool:
-    """A non-negative int that is not a bool (JSON `true` would pass `isinstance(x, int)`)."""
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    raw = read_capped(path, "snapshot", SNAPSHOT_MAX_BYTES, error)
+    if raw[:2] == _GZIP_MAGIC:
+        raw = gunzip_capped(raw, "snapshot", str(path), SNAPSHOT_MAX_BYTES, error)
+    return load_json(raw, "snapshot", str(path), error)
 
 
 def looks_like_snapshot(path: Path) -> bool:
     """True when `path` is meant as a snapshot: gzip data (a config.json is never compressed), or a JSON object with a
     `schema` key or the snapshot's `config` + `tensors` keys. A corrupt one is then reported as a snapshot error
     rather than mistaken for a config. Never raises."""
+    from .files import open_regular
+
     try:
-        with open(path, "rb") as f:
+        f, _ = open_regular(path, "snapshot", lambda m: SnapshotError(m, path=str(path)))
+        with f:
             if f.read(2) == _GZIP_MAGIC:
                 return True
         data = _read_json(path)
@@ -70,6 +70,10 @@ def looks_like_snapshot(path: Path) -> bool:
 def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
     """Read a snapshot file.
 
+    The tensor table is validated as safetensors headers are (`safetensors_header`): a known dtype, a shape of at
+    most 8 non-negative JSON integers (no bools, floats or strings) each at most 2^53, at most 2^53 elements, a
+    file index into `files` or null, and no tensor name twice.
+
     Args:
         ref (`str`): path of a `.json` or `.json.gz` snapshot.
         data (`dict`, *optional*): the already-parsed JSON, to avoid reading the file twice.
@@ -78,7 +82,9 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
         `ModelSource` of kind `"snapshot"`, with the recorded repo, revision and commit.
 
     Raises:
-        SnapshotError: unknown schema, or a malformed `config`, `files` or `tensors` entry (named in the message).
+        SnapshotError: not a regular file, over the size cap (compressed or not), corrupt gzip, not JSON, unknown
+            schema, a config nested too deeply, or a malformed `config`, `files` or `tensors` entry (named in the
+            message).
     """
     path = Path(ref)
     if data is None:
@@ -87,11 +93,14 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
         raise SnapshotError(f"{path} is not a JSON object", path=str(path))
     schema = data.get("schema")
     if schema != SNAPSHOT_SCHEMA:
-        raise SnapshotError(f"{path} has schema {schema!r}; this tpaudit reads {SNAPSHOT_SCHEMA!r}. Record it again "
-                            "with this version's 'tpaudit snapshot'", path=str(path))
+        raise SnapshotError(f"{path} has schema {str(schema)[:80]!r}; this tpaudit reads {SNAPSHOT_SCHEMA!r}. Record "
+                            "it again with this version's 'tpaudit snapshot'", path=str(path))
     config = data.get("config")
     if not isinstance(config, dict):
         raise SnapshotError(f"{path}: 'config' must be the config.json object", path=str(path))
+    if json_depth_exceeds(config, JSON_MAX_DEPTH):
+        raise SnapshotError(f"{path}: 'config' nests arrays/objects more than {JSON_MAX_DEPTH} levels deep, which no "
+                            "real config.json does. Record the snapshot again", path=str(path))
     files = data.get("files") or []
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise SnapshotError(f"{path}: 'files' must be a list of shard file names", path=str(path))
@@ -100,28 +109,14 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
     if raw_tensors is not None:
         if not isinstance(raw_tensors, list):
             raise SnapshotError(f"{path}: 'tensors' must be a list or null", path=str(path))
-        out = []
-        for i, entry in enumerate(raw_tensors):
-            try:
-                name, dtype, shape, file_index = entry
-                if not isinstance(name, str) or dtype not in SAFETENSORS_DTYPE_BYTES:
-                    raise ValueError
-                if not isinstance(shape, list) or not all(_index(x) for x in shape):
-                    raise ValueError
-                if file_index is not None and not _index(file_index):
-                    raise ValueError
-                file = files[file_index] if file_index is not None else None
-            except (ValueError, TypeError, IndexError):
-                raise SnapshotError(f"{path}: tensors[{i}] = {str(entry)[:120]} is not [name, dtype, shape, file "
-                                    "index]", path=str(path)) from None
-            out.append(CheckpointTensor(name=name, dtype=dtype, shape=tuple(shape), file=file))
-        tensors = tuple(out)
+        tensors = _tensor_rows(raw_tensors, files, path)
     source = data.get("source") or {}
     if not isinstance(source, dict):
         source = {}
     for key in ("repo_id", "revision", "commit"):
         if source.get(key) is not None and not isinstance(source[key], str):
-            raise SnapshotError(f"{path}: source.{key} must be a string, not {source[key]!r}", path=str(path))
+            raise SnapshotError(f"{path}: source.{key} must be a string, not {str(source[key])[:80]}",
+                                path=str(path))
     notes = []
     if tensors is None:
         notes.append("config only: the snapshot records no checkpoint, so shapes come from the model built on the "
@@ -129,6 +124,50 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
     return ModelSource(ref=ref, kind="snapshot", config=config, tensors=tensors,
                        repo_id=source.get("repo_id"), revision=source.get("revision"), commit=source.get("commit"),
                        config_path=str(path), notes=tuple(notes))
+
+
+def _tensor_rows(rows: list, files: list[str], path: Path) -> tuple[CheckpointTensor, ...]:
+    """`[name, dtype, shape, file index or null]` rows -> tensors, each row checked (see `load_snapshot`)."""
+    out = []
+    seen: set[str] = set()
+    nfiles = len(files)
+    for i, entry in enumerate(rows):
+        if type(entry) is not list or len(entry) != 4:
+            raise _bad_row(path, i, entry, "is not [name, dtype, shape, file index]")
+        name, dtype, shape, file_index = entry
+        if type(name) is not str:
+            raise _bad_row(path, i, entry, "has a name that is not a string")
+        if type(dtype) is not str or dtype not in SAFETENSORS_DTYPE_BYTES:
+            raise _bad_row(path, i, entry, f"has dtype {str(dtype)[:40]!r}, which safetensors does not define (or "
+                                           "tpaudit cannot size)")
+        if type(shape) is not list or len(shape) > MAX_RANK:
+            raise _bad_row(path, i, entry, f"has a shape that is not a list of at most {MAX_RANK} dimensions")
+        for d in shape:
+            if type(d) is not int or d < 0 or d > MAX_DIM:
+                raise _bad_row(path, i, entry, "has a shape that is not a list of non-negative integers of at most "
+                                               "2^53")
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise _bad_row(path, i, entry, "has more than 2^53 elements")
+        if file_index is None:
+            file = None
+        elif type(file_index) is int and 0 <= file_index < nfiles:
+            file = files[file_index]
+        else:
+            raise _bad_row(path, i, entry, f"has file index {str(file_index)[:20]}, not an index into 'files' "
+                                           f"({nfiles} entries) or null")
+        if name in seen:
+            raise _bad_row(path, i, entry, "names a tensor an earlier row already lists")
+        seen.add(name)
+        out.append(CheckpointTensor(name=name, dtype=dtype, shape=tuple(shape), file=file))
+    return tuple(out)
+
+
+def _bad_row(path: Path, i: int, entry: Any, why: str) -> SnapshotError:
+    text = json.dumps(entry, default=str)
+    if len(text) > 120:
+        text = text[:117] + "..."
+    return SnapshotError(f"{path}: tensors[{i}] = {text} {why}. Record the snapshot again with 'tpaudit snapshot'",
+                         path=str(path))
 
 
 def snapshot_document(source: ModelSource, *, origin: str | None = None, recorded_by: str | None = None) -> dict:
