@@ -126,7 +126,7 @@ def sparse_llama(directory: Path, single_file: bool = False) -> list[Path]:
 
     source = open_source(str(LLAMA))
     if single_file:  # forget the recorded shard files: everything packs into one file
-        source = dataclasses.replace(source, tensors=tuple(dataclasses.replace(t, file=None) for t in source.tensors))
+        source = dataclasses.replace(source, tensors=tuple(t._replace(file=None) for t in source.tensors))
         paths = write_sparse_checkpoint(source, directory, max_shard_bytes=10**12)
         single = paths[0].rename(directory / "model.safetensors")
         (directory / "model.safetensors.index.json").unlink()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from .model import CheckpointTensor
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
+_INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
 
 # Tensors a quantized checkpoint stores beside (or instead of) a module's weight.
 QUANT_LEAVES = frozenset({"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_packed",
@@ -97,9 +98,10 @@ class CheckpointMapping:
 
 
 def _family(key: str) -> tuple[str, tuple[str, ...]]:
-    """`model.layers.3.mlp.experts.7.w1.weight` -> (`model.layers.{}.mlp.experts.{}.w1.weight`, ("3", "7"))."""
-    indices = tuple(_INDEX.findall(key))
-    return _INDEX.sub("{}", key), indices
+    """`model.layers.3.mlp.experts.7.w1.weight` -> (`model.layers.\0.mlp.experts.\0.w1.weight`, ("3", "7")): one
+    pass of the regex; the family key only needs to be the same for keys that differ in their indices."""
+    parts = _INDEX_SPLIT.split(key)
+    return "\0".join(parts[::2]), tuple(parts[1::2])
 
 
 def _template(renamed: str, indices: tuple[str, ...]) -> str | None:
@@ -195,6 +197,7 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
 
     by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
     module_names = {n for n, _ in model.named_modules()}
+    stored_names: dict[str, str] = {}
     for tensor in tensors:
         runtime, pattern = renamed[tensor.name]
         if runtime in state and runtime not in params and runtime not in tied:
@@ -208,7 +211,9 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
                     mapping.outside_parameters_bytes += tensor.nbytes
             shape, dtype, floating = params.get(runtime, (None, None, False))
             if floating and tensor.dtype.startswith(("F", "BF")):
-                stored = str(tf.torch_dtype(tensor.dtype)).removeprefix("torch.")
+                stored = stored_names.get(tensor.dtype)
+                if stored is None:
+                    stored = stored_names[tensor.dtype] = str(tf.torch_dtype(tensor.dtype)).removeprefix("torch.")
                 if stored != dtype:
                     mapping.casts[(tensor.dtype, dtype)] = mapping.casts.get((tensor.dtype, dtype), 0) + 1
             continue

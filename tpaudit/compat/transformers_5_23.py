@@ -9,7 +9,6 @@ that changes one of them is a subclass in a module of its own that overrides the
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import warnings
 from typing import Any
@@ -271,14 +270,18 @@ class Transformers523:
     def torch_dtype(self, safetensors_name: str):
         """safetensors dtype name -> torch dtype. Source: transformers 5.23 `modeling_utils.str_to_torch_dtype`, with
         the float8 variants `safetensors.torch` also knows (unknown names -> `torch.uint8`)."""
-        import torch
-        from transformers.modeling_utils import str_to_torch_dtype as table
+        known = self.__dict__.setdefault("_dtypes", {})
+        if safetensors_name not in known:
+            import torch
+            from transformers.modeling_utils import str_to_torch_dtype as table
 
-        if safetensors_name in table:
-            return table[safetensors_name]
-        extra = {"F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
-                 "C64": "complex64"}
-        return getattr(torch, extra.get(safetensors_name, ""), torch.uint8)
+            if safetensors_name in table:
+                known[safetensors_name] = table[safetensors_name]
+            else:
+                extra = {"F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+                         "F8_E8M0": "float8_e8m0fnu", "C64": "complex64"}
+                known[safetensors_name] = getattr(torch, extra.get(safetensors_name, ""), torch.uint8)
+        return known[safetensors_name]
 
     def quantizer(self, config, *, gpu_view: bool = True):
         """The pre-quantized checkpoint's quantizer (`AutoHfQuantizer.from_config(..., pre_quantized=True)`), or
@@ -668,18 +671,22 @@ class Transformers523:
     def _read(self, model, world: int) -> list[ShardedParam]:
         modules = dict(model.named_modules())
         out = []
+        cache: dict = {}  # (global shape, mesh shape, placements) -> local shapes and placements: few distinct keys
         for name, param in model.named_parameters(remove_duplicate=False):
             module = modules.get(name.rpartition(".")[0])
             global_shape = tuple(int(x) for x in param.shape)
             placements = None
             if _torch.is_dtensor(param):
                 mesh, raw = param.device_mesh, tuple(param.placements)
-                shapes = tuple(_torch.local_shape(global_shape, mesh.shape, [r % mesh.size()], raw)
-                               for r in range(world))
-                placements = tuple(Placement(*_normalised(_torch.describe_placement(p), len(global_shape)))
-                                   for p in raw)
+                key = (global_shape, tuple(mesh.shape), raw)
+                if key not in cache:
+                    cache[key] = (
+                        tuple(_torch.local_shape(global_shape, mesh.shape, [r % mesh.size()], raw)
+                              for r in range(world)),
+                        tuple(Placement(*_normalised(_torch.describe_placement(p), len(global_shape))) for p in raw))
+                shapes, placements = cache[key]
             else:
-                shapes = tuple(global_shape for _ in range(world))
+                shapes = (global_shape,) * world
             out.append(ShardedParam(name=name, global_shape=global_shape,
                                     dtype=str(param.dtype).removeprefix("torch."), itemsize=param.element_size(),
                                     placements=placements, local_shapes=shapes,
@@ -754,24 +761,34 @@ def _normalised(described: tuple[str, int | None, int, str], ndim: int) -> tuple
     return kind, dim, sf, text
 
 
-def _snapshot(model) -> list[tuple[Any, dict, dict]]:
-    """Every module's `__dict__` (shallow) with its dict-valued entries (parameters, buffers, submodules, hooks)
-    copied, and the configs' attributes: what `maybe_distribute_model` may change in place."""
+def _snapshot(model) -> list[tuple[Any, dict, list]]:
+    """What `maybe_distribute_model` may change in place: every module's `__dict__` (shallow), a copy of each of its
+    non-empty dict-valued entries (parameters, buffers, submodules, hooks), the empty ones to clear again; and the
+    configs' attributes. Empty hook dicts are the common case, so they are not copied."""
     saved = []
     configs = {}
-    for _, m in model.named_modules():
-        state = {k: (copy.copy(v) if isinstance(v, dict) else v) for k, v in m.__dict__.items()}
-        saved.append((m, state))
-        config = m.__dict__.get("config")
+    for m in model.modules():
+        state = dict(m.__dict__)
+        empty = []
+        for k, v in state.items():
+            if isinstance(v, dict):
+                if v:
+                    state[k] = v.copy()
+                else:
+                    empty.append(v)
+        saved.append((m, state, empty))
+        config = state.get("config")
         if config is not None and id(config) not in configs:
-            configs[id(config)] = (config, dict(config.__dict__))
-    return saved + [(c, state) for c, state in configs.values()]
+            configs[id(config)] = (config, dict(config.__dict__), [])
+    return saved + list(configs.values())
 
 
 def _restore(saved) -> None:
-    for obj, state in saved:
+    for obj, state, empty in saved:
         obj.__dict__.clear()
         obj.__dict__.update(state)
+        for d in empty:
+            d.clear()
 
 
 @contextlib.contextmanager

@@ -127,7 +127,43 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
 
 
 def _tensor_rows(rows: list, files: list[str], path: Path) -> tuple[CheckpointTensor, ...]:
-    """`[name, dtype, shape, file index or null]` rows -> tensors, each row checked (see `load_snapshot`)."""
+    """`[name, dtype, shape, file index or null]` rows -> tensors, each row checked (see `load_snapshot`).
+
+    The common case is checked in bulk (a few passes of C-level `map`/`set` over all rows); only when a bulk check
+    fails are the rows walked one by one, to name the first bad row."""
+    fast = _tensor_rows_bulk(rows, files)
+    if fast is not None:
+        return fast
+    return _tensor_rows_one_by_one(rows, files, path)
+
+
+def _tensor_rows_bulk(rows: list, files: list[str]) -> tuple[CheckpointTensor, ...] | None:
+    """The rows as tensors when every row passes every check, else `None` (the caller then finds the bad row)."""
+    if not rows:
+        return ()
+    if set(map(type, rows)) != {list} or set(map(len, rows)) != {4}:
+        return None
+    names, dtypes, shapes, indices = zip(*rows)
+    if set(map(type, names)) != {str} or len(set(names)) != len(names):
+        return None
+    if set(map(type, dtypes)) != {str} or not set(dtypes) <= SAFETENSORS_DTYPE_BYTES.keys():
+        return None
+    if set(map(type, shapes)) != {list} or max(map(len, shapes)) > MAX_RANK:
+        return None
+    dims = [d for shape in shapes for d in shape]
+    if dims and (set(map(type, dims)) != {int} or min(dims) < 0 or max(dims) > MAX_DIM):
+        return None
+    if max(map(math.prod, shapes)) > MAX_ELEMENTS:
+        return None
+    nfiles = len(files)
+    given = [i for i in indices if i is not None]
+    if given and (set(map(type, given)) != {int} or min(given) < 0 or max(given) >= nfiles):
+        return None
+    table = [None if i is None else files[i] for i in indices]
+    return tuple(map(CheckpointTensor, names, dtypes, map(tuple, shapes), table))
+
+
+def _tensor_rows_one_by_one(rows: list, files: list[str], path: Path) -> tuple[CheckpointTensor, ...]:
     out = []
     seen: set[str] = set()
     nfiles = len(files)
@@ -158,7 +194,7 @@ def _tensor_rows(rows: list, files: list[str], path: Path) -> tuple[CheckpointTe
         if name in seen:
             raise _bad_row(path, i, entry, "names a tensor an earlier row already lists")
         seen.add(name)
-        out.append(CheckpointTensor(name=name, dtype=dtype, shape=tuple(shape), file=file))
+        out.append(CheckpointTensor(name, dtype, tuple(shape), file))
     return tuple(out)
 
 
