@@ -1,7 +1,7 @@
-"""The real-world cases (fixtures/cases, copied from ../shared/cases with their expected findings), run end to end
-through the same pipeline as `tpaudit check`: a sparse checkpoint with the case's real headers, the case's plan,
-and the judging rules of ../shared/cases/README.md (fnmatch on targets, replicated[] / unused_rules[] count too,
-worst rank within the expected +-1%)."""
+"""The real-world cases (fixtures/cases): TP-plan bugs and non-bugs from public reports, each with the findings it
+must and must not produce (`expected.json`, whose `notes` name the report), run end to end through the same pipeline
+as `tpaudit check`: a sparse checkpoint with the case's real headers, the case's plan, and the judging rules
+(fnmatch on targets, replicated[] / unused_rules[] count too, worst rank within the expected +-1%)."""
 
 from __future__ import annotations
 

@@ -206,8 +206,14 @@ def _bad_row(path: Path, i: int, entry: Any, why: str) -> SnapshotError:
                          path=str(path))
 
 
-def snapshot_document(source: ModelSource, *, origin: str | None = None, recorded_by: str | None = None) -> dict:
-    """The `tpaudit/snapshot/v1` JSON object for `source` (config and tensor table, as read)."""
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def snapshot_document(source: ModelSource, *, origin: str | None = None, recorded_by: str | None = None,
+                      recorded_at: str | None = None) -> dict:
+    """The `tpaudit/snapshot/v1` JSON object for `source` (config and tensor table, as read); `recorded_at` (ISO 8601
+    UTC) defaults to now."""
     files: list[str] = []
     file_index: dict[str, int] = {}
     rows = None
@@ -221,15 +227,23 @@ def snapshot_document(source: ModelSource, *, origin: str | None = None, recorde
                     files.append(t.file)
             rows.append([t.name, t.dtype, list(t.shape), idx])
     meta = {"repo_id": source.repo_id, "revision": source.revision, "commit": source.commit,
-            "recorded_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+            "recorded_at": recorded_at or _utc_now(),
             "recorded_by": recorded_by, "origin": origin}
     return {"schema": SNAPSHOT_SCHEMA, "source": {k: v for k, v in meta.items() if v is not None},
             "config": source.config, "files": files, "tensors": rows}
 
 
 def write_snapshot(source: ModelSource, path: str | Path, *, origin: str | None = None,
-                   recorded_by: str | None = None) -> Path:
+                   recorded_by: str | None = None, recorded_at: str | None = None) -> Path:
     """Write `source` as a snapshot file; gzip-compressed when `path` ends with `.gz`.
+
+    Args:
+        source (`ModelSource`): the config and tensor table to record.
+        path (`str` or `Path`): the file to write.
+        origin (`str`, *optional*): free text stored as `source.origin`: where the data came from.
+        recorded_by (`str`, *optional*): the tool that recorded it.
+        recorded_at (`str`, *optional*): ISO 8601 UTC time stored as `source.recorded_at`; defaults to now (pass the
+            old value to regenerate a snapshot without changing it).
 
     Returns:
         The path written.
@@ -238,7 +252,7 @@ def write_snapshot(source: ModelSource, path: str | Path, *, origin: str | None 
         SnapshotError: the file cannot be written.
     """
     path = Path(path)
-    doc = snapshot_document(source, origin=origin, recorded_by=recorded_by)
+    doc = snapshot_document(source, origin=origin, recorded_by=recorded_by, recorded_at=recorded_at)
     # One tensor per line keeps snapshots diffable in review.
     head = {k: v for k, v in doc.items() if k != "tensors"}
     text = json.dumps(head, indent=1)[:-2] + ',\n "tensors": '
