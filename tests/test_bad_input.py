@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from conftest import CASES, FIXTURES, run_main
+from conftest import CASES, FIXTURES, read_json_any, run_cli, run_main
 
 LLAMA = str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
 GRANITE = json.loads((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
@@ -142,3 +142,160 @@ def test_verify_rejects_a_bad_config_before_starting_ranks(tmp_path):
 
 def test_size_refuses_absurd_tp():
     assert_input_error(run_main("size", LLAMA, "--gpu-memory", "80GB", "--tp", "1000000"), "between 1 and 1024")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Plainly invalid configs, transformers' own refusals, the API's argument types
+# ----------------------------------------------------------------------------------------------------------------------
+LLAMA_CONFIG = read_json_any(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")["config"]
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"hidden_size": 0}, "hidden_size = 0 must be a positive integer"),
+    ({"num_key_value_heads": 64}, "num_key_value_heads = 64 exceeds num_attention_heads = 32"),
+    ({"intermediate_size": -5}, "intermediate_size = -5"),
+    ({"vocab_size": True}, "vocab_size"),
+    ({"architectures": "LlamaForCausalLM"}, "not a list of class names"),
+])
+def test_plainly_invalid_configs_are_input_errors(tmp_path, change, needle):
+    assert_input_error(run_main("check", model_dir(tmp_path, {**LLAMA_CONFIG, **change}), "--tp", "2"), needle)
+
+
+def test_an_unknown_architecture_is_an_explicit_noted_fallback(tmp_path):
+    """A class name the installed transformers does not have (a typo, or a repo's own spelling such as Kimi-K2.5's
+    `KimiK25ForConditionalGeneration` for transformers' `Kimi_K25ForConditionalGeneration`): the model type's default
+    class is built, and the report's first note says which and why."""
+    proc = run_main("check", model_dir(tmp_path, {**LLAMA_CONFIG, "architectures": ["LlamaForCausalLMX"]}), "--tp", "2",
+                    "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["model"]["architecture"] == "LlamaForCausalLM"
+    assert "LlamaForCausalLMX" in out["notes"][0] and "--architecture" in out["notes"][0]
+
+
+def test_negative_expert_count_is_an_input_error(tmp_path):
+    config = read_json_any(FIXTURES / "qwen3-30b-a3b.snapshot.json.gz")["config"]
+    assert_input_error(run_main("check", model_dir(tmp_path, {**config, "num_experts": -8}), "--tp", "2"),
+                       "num_experts = -8 must not be negative")
+
+
+def test_ep_without_an_ep_plan_is_refused_as_transformers_refuses():
+    """llama has no base_model_ep_plan: from_pretrained raises ValueError for ep_size 2; tpaudit quotes it (exit 2),
+    never a page of contradictory findings."""
+    assert_input_error(run_main("check", LLAMA, "--tp", "2", "--ep", "2"),
+                       "transformers refuses ep_size=2", "has no `ep_plan`")
+
+
+@pytest.mark.parametrize("tp", ["2", 2.0, True, None, -1])
+def test_api_sizes_of_the_wrong_type_are_usage_errors_in_api_terms(tp):
+    import tpaudit
+    from tpaudit.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        tpaudit.check(LLAMA, tp_size=tp)
+    assert f"tp_size={tp!r}" in str(e.value) and "--tp" not in str(e.value)
+
+
+def test_api_budget_and_plan_of_the_wrong_type():
+    import tpaudit
+    from tpaudit.errors import PlanError, UsageError
+
+    with pytest.raises(UsageError, match="max_replicated lots"):
+        tpaudit.check(LLAMA, tp_size=2, max_replicated="lots")
+    with pytest.raises(PlanError, match="dict of rule -> style"):
+        tpaudit.check(LLAMA, tp_size=2, plan={"layers.*.self_attn.q_proj": 3})
+    with pytest.raises(UsageError, match="not list"):
+        tpaudit.check([LLAMA], tp_size=2)
+
+
+def test_a_stray_checkpoint_tensor_changes_no_byte(tmp_path):
+    """A `q_proj.bias` in a bias-free llama checkpoint: transformers drops unexpected keys, so the bytes per rank
+    are the checkpoint's without it, and the tensor is a TPA301 warning, not a replicated parameter (TPA001)."""
+    from tpaudit.model import CheckpointTensor, ModelSource
+    from tpaudit.sparse import write_sparse_checkpoint
+
+    doc = read_json_any(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
+    tensors = [CheckpointTensor(n, d, tuple(s)) for n, d, s, _ in doc["tensors"]]
+    clean = tmp_path / "clean"
+    write_sparse_checkpoint(ModelSource("clean", "local", doc["config"], tuple(tensors)), clean)
+    stray = tmp_path / "stray"
+    extra = [CheckpointTensor("model.layers.0.self_attn.q_proj.bias", "BF16", (4096,)),
+             CheckpointTensor("model.layers.0.mlp.junk", "BF16", (4096, 4096))]
+    write_sparse_checkpoint(ModelSource("stray", "local", doc["config"], tuple(tensors + extra)), stray)
+    a = json.loads(run_main("check", str(clean), "--tp", "4", "--format", "json").stdout)
+    proc = run_main("check", str(stray), "--tp", "4", "--format", "json")
+    b = json.loads(proc.stdout)
+    assert proc.returncode == 0 and b["ranks"] == a["ranks"] and b["total_param_bytes"] == a["total_param_bytes"]
+    unmapped = {f["target"] for f in b["findings"] if f["code"] == "TPA301"}
+    assert unmapped == {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.junk"}
+    assert not [f for f in b["findings"] if f["code"] == "TPA001"]
+
+
+def test_a_checkpoint_that_contradicts_its_config_is_an_error_finding(tmp_path):
+    """The classic edited config.json: intermediate_size 14336 -> 11008 with the old checkpoint. from_pretrained
+    stops with a size mismatch; check reports TPA303 (exit 1), not a clean model."""
+    doc = read_json_any(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
+    doc["config"]["intermediate_size"] = 11008
+    path = tmp_path / "edited.snapshot.json"
+    path.write_text(json.dumps(doc))
+    proc = run_main("check", str(path), "--tp", "4", "--format", "json")
+    assert proc.returncode == 1
+    found = {f["target"]: f for f in json.loads(proc.stdout)["findings"] if f["code"] == "TPA303"}
+    assert set(found) == {f"model.layers.*.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+    assert found["model.layers.*.mlp.gate_proj.weight"]["facts"]["checkpoint_shape"] == [14336, 4096]
+    assert found["model.layers.*.mlp.gate_proj.weight"]["facts"]["model_shape"] == [11008, 4096]
+
+
+def test_a_plan_of_100000_rules_runs_in_linear_time(tmp_path):
+    import time
+
+    plan = {f"layers.*.no_such_module_{i}": "colwise" for i in range(100_000)}
+    plan["layers.*.self_attn.q_proj"] = "colwise"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    start = time.perf_counter()
+    proc = run_main("check", LLAMA, "--tp", "2", "--plan", str(path), "--format", "json")
+    assert time.perf_counter() - start < 120
+    assert proc.returncode == 1  # the dead rules are warnings; k/v/o and the MLP are now replicated (errors)
+    assert len(json.loads(proc.stdout)["unused_rules"]) == 100_000
+
+
+def test_a_full_output_device_is_an_input_error_not_a_bug():
+    import os
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    proc = run_cli("check", LLAMA, "--tp", "2", "--format", "json", "-o", "/dev/full")
+    assert proc.returncode == 2 and "cannot write" in proc.stderr, proc.stderr
+    with open("/dev/full", "w") as full:
+        import subprocess
+        import sys
+
+        from conftest import ROOT
+
+        done = subprocess.run([sys.executable, "-m", "tpaudit", "check", LLAMA, "--tp", "2", "--format", "json"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, cwd=str(ROOT), timeout=300)
+    assert done.returncode == 2 and "error: cannot write the output" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_interrupt_is_130_and_an_internal_bug_is_4(monkeypatch):
+    """Exit 130 on Ctrl-C and exit 4 (with the TPAUDIT_DEBUG hint) for a genuine bug, each one line."""
+    import tpaudit.audit
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tpaudit.audit.Audit, "report", interrupted)
+    proc = run_main("check", LLAMA, "--tp", "2")
+    assert proc.returncode == 130 and proc.stderr.strip() == "error: interrupted"
+
+    def bug(*a, **k):
+        raise ZeroDivisionError("division by zero\nin a place")
+
+    monkeypatch.setattr(tpaudit.audit.Audit, "report", bug)
+    proc = run_main("check", LLAMA, "--tp", "2")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 4 and len(lines) == 1
+    assert lines[0].startswith("error: internal error: ZeroDivisionError: division by zero") and \
+        "TPAUDIT_DEBUG=1" in lines[0]

@@ -10,6 +10,7 @@ candidate plan and the guard its check from the same build and the same checkpoi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .build import BuildOptions, BuiltModel, build_model
@@ -142,7 +143,8 @@ def locate(findings: list[Finding], built: BuiltModel, resolved: ResolvedPlan,
         config_file = f"https://huggingface.co/{source.repo_id}/blob/{source.commit or 'main'}/config.json"
     else:
         config_file = source.config_path
-    lines = {path: _lines(path) for path in {plan_path, config_file} if path and not path.startswith("https://")}
+    lines = {path: _quoted_lines(path) for path in {plan_path, config_file}
+             if path and not path.startswith("https://")}
     out = []
     for f in findings:
         rule = get_rule(f.code)
@@ -153,31 +155,32 @@ def locate(findings: list[Finding], built: BuiltModel, resolved: ResolvedPlan,
             path, needle = config_file, f.target.rpartition(".")[2]
         else:
             path, needle = config_file, None
-        line = _line_of(lines.get(path), f'"{needle}"') if needle else None
+        line = (lines.get(path) or {}).get(needle) if needle else None
         out.append(dataclasses.replace(f, location=Location(path=path, line=line, logical=f.target)))
     return out
 
 
-def _lines(path: str) -> list[str] | None:
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def _quoted_lines(path: str) -> dict[str, int]:
+    """Every quoted string of a JSON file (a rule key, an attribute name) -> the first line it appears on: one pass,
+    so locating any number of findings stays linear. Empty for an unreadable or gzip file."""
     try:
         raw = Path(path).read_bytes()[: 64 << 20]
     except OSError:
-        return None
+        return {}
     if raw[:2] == b"\x1f\x8b":  # a gzip snapshot: no line to point at
-        return None
+        return {}
     try:
-        return raw.decode("utf-8").splitlines()
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return None
-
-
-def _line_of(lines: list[str] | None, needle: str) -> int | None:
-    if not lines:
-        return None
-    for i, line in enumerate(lines, 1):
-        if needle in line:
-            return i
-    return None
+        return {}
+    out: dict[str, int] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        for m in _QUOTED.finditer(line):
+            out.setdefault(m.group(1), i)
+    return out
 
 
 def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict | None = None,

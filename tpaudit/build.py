@@ -269,11 +269,23 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
         if e.kind == "not_a_model_class":
             raise ConfigError(f"{e.detail}, not a transformers model class. Pass a class such as "
                               f"{defaults.split(', ')[0]} to --architecture") from None
+        if e.kind == "unknown_architecture" and architecture:
+            raise ConfigError(f"--architecture {e.detail} is not a model class of the installed transformers "
+                              f"(model type {config.model_type!r} has: {defaults}). Pass one of them, or "
+                              "--trust-remote-code if the repo ships its modeling code") from None
         if e.kind == "unknown_architecture":
-            flag = "--architecture" if architecture else "config.json's architectures[0]"
-            raise ConfigError(f"{flag} {e.detail} is not a model class of the installed transformers "
-                              f"(model type {config.model_type!r} has: {defaults}). Pass --architecture with one of "
-                              "them, or --trust-remote-code if the repo ships its modeling code") from None
+            # config.json names a class this transformers does not have (a repo's own spelling, a typo): build the
+            # model type's default class, and say so first in every report.
+            fallback = [n for n in tf.model_class_names(config.model_type, type(config)) if tf.model_class_by_name(n)]
+            if not fallback:
+                raise ConfigError(f"config.json's architectures[0] {e.detail} is not a model class of the installed "
+                                  f"transformers, and model type {config.model_type!r} has no default class. Pass "
+                                  "--architecture, or --trust-remote-code if the repo ships its modeling code") \
+                    from None
+            cls = tf.model_class_by_name(fallback[0])
+            return cls, (f"model class: config.json names {e.detail}, which transformers "
+                         f"{tf.versions['transformers']} does not have; built {cls.__name__}, the default class of "
+                         f"model type {config.model_type!r} (pass --architecture to choose another)")
         if e.kind == "invalid_architecture":
             raise ConfigError(f"config.json's {e.detail}. Fix the config or pass --architecture") from None
         raise ConfigError(f"no transformers model class for model type {config.model_type!r}. Pass --architecture "
@@ -399,7 +411,7 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
         owner.base_model_tp_plan = dict(options.plan_override)
     cls, class_note = model_class(config, options.architecture, options.trust_remote_code)
     if class_note:
-        notes.append(class_note)
+        notes.insert(0, class_note)
     quantizer, qinfo = tf.quantizer(config, gpu_view=options.gpu_view)
     dtype = _resolve_dtype(config, source, notes, options.dtype)
     if quantizer is not None:

@@ -10,6 +10,7 @@ expanded into layer numbers; a parameter takes its own rule, else its module's),
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from .compat import EmptyPlanError, PlanRejectedError, backend
@@ -64,7 +65,7 @@ class ResolvedPlan:
     def ep_size(self) -> int:
         return self.sizes.ep_size
 
-    @property
+    @functools.cached_property
     def rules_in_force(self) -> list[tuple[str, dict[str, str]]]:
         """`[("ep", EP rules), ("tp", TP rules without the ones EP drops)]` in lookup order (EP only when
         `ep_size > 1`)."""

@@ -13,6 +13,7 @@ from .registry import CheckContext, rule
 
 _ROUTER_LEAF = re.compile(r"(^|_)(gate|router)$")
 _ROUTER_TYPE = re.compile(r"Router|TopK|Topk|MoeGate|MoEGate")
+HINTS = 50
 _EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -198,10 +199,14 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     from ..compat.logic import generic_name
 
     candidates = _hint_candidates(ctx, generic_name)
+    hinted = 0
     for kind, rules, unused in (("tp", ctx.plan.tp_rules, ctx.plan.unused_tp_rules),
                                 ("ep", ctx.plan.ep_rules, ctx.plan.unused_ep_rules)):
         for key in unused:
-            close = _closest(key, rules[key], candidates)
+            # The spelling search costs time per rule: a plan of thousands of dead rules (generated, or hostile) gets
+            # hints on its first HINTS, and stays linear.
+            close = _closest(key, rules[key], candidates) if hinted < HINTS else None
+            hinted += 1
             hint = f" (closest runtime module of that kind: `{close}`)" if close else ""
             yield Finding(
                 code="TPA002", kind="unused_rule", severity="warning", target=key,

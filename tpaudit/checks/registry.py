@@ -16,6 +16,7 @@ Checks never print and never exit; they read the context and return findings.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -99,18 +100,25 @@ def rule(code: str, kind: str, *, severity: str = "error", status: str = "stable
     return register
 
 
-def families() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def families() -> tuple[str, ...]:
     """Every module of this package that may hold rules (all but the private ones and this registry)."""
     from .. import checks
 
-    return sorted(m.name for m in pkgutil.iter_modules(checks.__path__)
-                  if not m.name.startswith("_") and m.name != "registry")
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(checks.__path__)
+                        if not m.name.startswith("_") and m.name != "registry"))
+
+
+_LOADED = False
 
 
 def all_rules() -> list[Rule]:
-    """Every registered rule, by code. Importing the family modules registers them."""
-    for family in families():
-        importlib.import_module(f"{__package__}.{family}")
+    """Every registered rule, by code. Importing the family modules (once) registers them."""
+    global _LOADED
+    if not _LOADED:
+        for family in families():
+            importlib.import_module(f"{__package__}.{family}")
+        _LOADED = True
     return [_RULES[c] for c in sorted(_RULES)]
 
 

@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         result = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpaudit",
                               standalone_mode=False)
     except typer.Exit as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # typer turns Ctrl-C into Exit(130): say so, one line
+            return report_error(e.__cause__)
         return int(e.exit_code)
     except typer.Abort:
         return report_error(KeyboardInterrupt())
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(e)
     except Exception as e:  # noqa: BLE001 - the single place where failures become exit codes
         return report_error(e)
+    if result == 130:  # typer turns Ctrl-C inside a command into exit code 130: say so, one line
+        return report_error(KeyboardInterrupt())
     return int(result) if isinstance(result, int) else 0
 
 

@@ -312,6 +312,10 @@ class Transformers523:
             return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
         if gpu_view:
             quantizer._tpaudit_gpu_view = True
+        if type(quantizer).__name__ == "CompressedTensorsHfQuantizer" and not hasattr(quantizer, "use_fp8_kernel"):
+            # Set by `validate_environment` (not called: it answers for this host); without an FP8 kernel the
+            # compressed modules keep the checkpoint's own layout, which is what the checkpoint's tensors load into.
+            quantizer.use_fp8_kernel = False
         return quantizer, QuantizationInfo(method, quantizer=type(quantizer).__name__)
 
     def update_dtype(self, quantizer, dtype):
