@@ -161,6 +161,10 @@ class ParityResult:
         scope (`str`): `"whole model"`, or what part of a composite model was checked.
         tolerance (`float`): the relative tolerance (`1e-4` of the output's scale, at least `1e-4`).
         rank (`int`, *optional*): the rank that raised or diverged first.
+        observed_layer (`int`, *optional*): the real model's layer index (of the kept layer) where the divergence
+            showed, e.g. 5 for Gemma 4's first global-attention layer.
+        input_split (`bool`, *optional*): when the module blamed is where the divergence showed, whether its input
+            reached it split (each rank a slice) or whole; `None` otherwise.
     """
 
     ran: bool
@@ -184,6 +188,8 @@ class ParityResult:
     scope: str = "whole model"
     tolerance: float = RTOL
     rank: int | None = None
+    input_split: bool | None = None
+    observed_layer: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report's `parity` section (JSON-serialisable)."""
@@ -222,6 +228,7 @@ class SmallModel:
         reference (`PreTrainedModel`): the unsharded model loaded back from `path` (float32, CPU, eval).
         input_ids (`torch.Tensor`): `[BATCH, SEQ_LEN]` token ids, the same for every run.
         plan (`dict[str, str]`): the merged TP plan of the small model (`model.tp_plan`, generic prefixed keys).
+        ep_plan (`dict[str, str]`): the merged EP plan (`model.ep_plan`).
         shrunk (`dict[str, list[int]]`), layers (`tuple[int, ...]`), scope (`str`), notes (`list[str]`).
         head_widths (`tuple[int, ...]`): every per-head width of the small config (`head_dim`, `global_head_dim`,
             linear-attention and MLA head dims).
@@ -241,6 +248,7 @@ class SmallModel:
     head_widths: tuple[int, ...]
     tmp: Any = None
     found: dict[str, SplitOutput] = field(default_factory=dict)
+    ep_plan: dict[str, str] = field(default_factory=dict)
 
     def cleanup(self) -> None:
         """Remove the temporary directory."""
@@ -691,7 +699,7 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
     if not isinstance(d.get("head_dim"), int) and _key(d, HIDDEN_KEYS) and _key(d, HEAD_KEYS):
         widths.add(d[_key(d, HIDDEN_KEYS)] // d[_key(d, HEAD_KEYS)])
     return SmallModel(path=tmp.name, model_class=cls, config=small_cfg, reference=reference, input_ids=input_ids,
-                      plan=dict(reference.tp_plan or {}), shrunk=shrunk, layers=layers, scope=scope, notes=notes,
+                      plan=dict(reference.tp_plan or {}), ep_plan=dict(reference.ep_plan or {}), shrunk=shrunk, layers=layers, scope=scope, notes=notes,
                       head_widths=tuple(sorted(widths)), tmp=tmp)
 
 
@@ -1242,12 +1250,26 @@ def _err(a, b) -> float:
     return math.inf if math.isnan(value) else value
 
 
-def _module_rule(plan: dict[str, str], name: str) -> tuple[str | None, str | None]:
-    return rule_for(plan, name, is_param=False)
+def _layer_index(name: str) -> int | None:
+    """The first layer index in a concrete module name (`model.layers.1.self_attn` -> 1)."""
+    for part in name.split("."):
+        if part.isdigit():
+            return int(part)
+    return None
+
+
+def _rule(small: SmallModel, name: str, is_param: bool, ep_size: int) -> tuple[str | None, str | None]:
+    """The rule that applies at load: the EP plan's first when `ep_size > 1` (EP rules replace TP rules on the same
+    modules), else the TP plan's."""
+    if ep_size > 1:
+        rule, style = rule_for(small.ep_plan, name, is_param)
+        if rule is not None:
+            return rule, style
+    return rule_for(small.plan, name, is_param)
 
 
 def _analyse(small: SmallModel, ref: _Recorder, runs: list[_RankRun], world: int,
-             found: dict[str, SplitOutput]) -> dict[str, Any]:
+             found: dict[str, SplitOutput], ep_size: int = 1) -> dict[str, Any]:
     """Compare every rank with the unsharded run and attribute the first divergence (see the module docstring)."""
     compared: set[tuple[str, int]] = set()
     max_err: float | None = None
@@ -1257,15 +1279,15 @@ def _analyse(small: SmallModel, ref: _Recorder, runs: list[_RankRun], world: int
         if rec is None:
             continue
         first = None
-        verdicts: dict[int, bool] = {}
         for seq, key in rec.exits:
+            if run.done and rec.counts.get(key[0]) != ref.counts.get(key[0]):
+                continue   # called another number of times (an expert loop over this rank's experts): no pairing
             ok, err, tol = _compare(ref.outputs.get(key), rec.outputs.get(key), run.rank, world)
             if not ok:
                 continue
             compared.add(key)
             max_err = err if max_err is None else max(max_err, err)
             diverged = err > tol
-            verdicts[seq] = not diverged
             if diverged and first is None:
                 first = (seq, key, err)
         if first is not None:
@@ -1293,29 +1315,33 @@ def _analyse(small: SmallModel, ref: _Recorder, runs: list[_RankRun], world: int
         return out
     name = site[0]
     out["observed_at"] = generic_name(name) or type(small.reference).__name__
-    culprit = _attribute(small, ref, rec, rank, world, site, seq, crashed=bool(error))
+    found_layer = _layer_index(name)
+    if found_layer is not None and found_layer < len(small.layers):
+        out["observed_layer"] = small.layers[found_layer]
+    culprit = _attribute(small, ref, rec, rank, world, site, seq, crashed=bool(error), ep_size=ep_size)
     out.update(culprit)
     out["fused"] = bool(culprit.get("first_divergent_module") in found)
     return out
 
 
 def _attribute(small: SmallModel, ref: _Recorder, rec: _Recorder, rank: int, world: int, site, seq: int,
-               crashed: bool) -> dict:
+               crashed: bool, ep_size: int = 1) -> dict:
     """The split to blame for a divergence seen at module call `site` (sequence `seq` of this rank)."""
     name = site[0]
-    rule, style = _module_rule(small.plan, name)
+    rule, style = _rule(small, name, False, ep_size)
     ok, err, tol = _compare(ref.inputs.get(site), rec.inputs.get(site), rank, world)
     input_ok = ok and err is not None and err <= tol
     input_split = input_ok and ref.inputs.get(site) is not None and rec.inputs.get(site) is not None and \
         tuple(ref.inputs[site].shape) != tuple(rec.inputs[site].shape)
     if input_ok and style in OWN_SPLIT_STYLES:
-        return {"first_divergent_module": generic_name(name), "rule": rule, "style": style}
+        return {"first_divergent_module": generic_name(name), "rule": rule, "style": style,
+                "input_split": input_split}
     if input_split and style is None:
         return {"first_divergent_module": generic_name(name), "rule": None, "style": None}
     def suspect(param: str) -> bool:
         # a weight whose split reaches the model split: a parameter with its own rule (experts), or the weight of a
         # module whose output stays split (colwise, packed_colwise); a gathered or reduced output is whole again
-        prule, pstyle = rule_for(small.plan, param, is_param=True)
+        prule, pstyle = _rule(small, param, True, ep_size)
         return prule == generic_name(param) or pstyle in SPLIT_OUTPUT_STYLES
 
     inside = [p for s, p in rec.param_uses if rec.enters.get(site, seq) <= s <= seq and suspect(p)]
@@ -1347,7 +1373,7 @@ def _attribute(small: SmallModel, ref: _Recorder, rec: _Recorder, rank: int, wor
                 pick = p
                 break
     pick = pick or used[-1]   # a crash: the last split weight the rank used before it
-    prule, pstyle = rule_for(small.plan, pick, is_param=True)
+    prule, pstyle = _rule(small, pick, True, ep_size)
     g = generic_name(pick)
     module = g if prule == g else g.rsplit(".", 1)[0]
     return {"first_divergent_module": module, "rule": prule, "style": pstyle}
@@ -1367,7 +1393,7 @@ def _isolate() -> str | None:
 
 
 def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size: int = 1, *, seed: int = 0,
-               timeout: float = 120, checkpoint_keys=None) -> ParityResult:
+               timeout: float = 120, checkpoint_keys=None, isolate: bool | None = None) -> ParityResult:
     """Load a small model of `config`'s architecture on `tp_size` real ranks with the plan under review, run the same
     tokens through it and through the unsharded model, and compare (see the module docstring).
 
@@ -1389,6 +1415,8 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
         checkpoint_keys (`Iterable[str]`, *optional*): the real checkpoint's tensor names, so that the small model is
             stored the same way (see `build_small_model`: a plain `colwise` on fused experts is right for a
             checkpoint of per-expert tensors and wrong for one that stores them fused).
+        isolate (`bool`, *optional*): `True` runs the ranks in a subprocess (a hard timeout, nothing of this
+            process touched); `None` does so only when needed (see above).
 
     Returns:
         `ParityResult`. A plan that crashes or diverges is a result (`passed=False`), never an exception.
@@ -1404,7 +1432,7 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
     if tp_size == 1 and ep_size == 1:
         return ParityResult(ran=False, reason="tp_size 1 and ep_size 1 split nothing: no sharded forward to compare",
                             tp_size=tp_size, ep_size=ep_size)
-    why = _isolate()
+    why = "asked for" if isolate else _isolate() if isolate is None else None
     if why is not None:
         from ._parity_worker import run_in_subprocess
 
@@ -1445,7 +1473,7 @@ def _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeo
             ref.remove()
         runs, finished = _run_ranks(small, tp_size, ep_size, timeout)
         world = max(tp_size, ep_size)
-        facts = _analyse(small, ref, runs, world, found)
+        facts = _analyse(small, ref, runs, world, found, ep_size)
         if not finished:
             hung = [run.rank for run in runs if not (run.done or run.error or run.woken)]
             facts.setdefault("error", f"rank {hung[0] if hung else 0}: did not finish within {timeout:g} s (hung)")
@@ -1462,6 +1490,99 @@ def _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeo
             style=facts.get("style"), observed_at=facts.get("observed_at"), error=facts.get("error"),
             passed=facts.get("passed"), fused=facts.get("fused", False),
             split=tuple(found[k] for k in sorted(found)), shrunk=small.shrunk, layers=small.layers,
-            model_class=small.model_class.__name__, scope=small.scope, rank=facts.get("rank"), **base)
+            model_class=small.model_class.__name__, scope=small.scope, rank=facts.get("rank"),
+            input_split=facts.get("input_split"), observed_layer=facts.get("observed_layer"), **base)
     finally:
         small.cleanup()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Findings
+# ----------------------------------------------------------------------------------------------------------------------
+def _relative(key: str | None, text_prefix: str) -> str | None:
+    if key and text_prefix and key.startswith(text_prefix + "."):
+        return key[len(text_prefix) + 1:]
+    return key
+
+
+def _packed_fix(split: SplitOutput | None, key: str) -> str:
+    """What to write instead, from what the forward does to the output."""
+    if split is not None and "per-head rows" in split.action:
+        return (f"Split whole heads only: keep `{key}` on a tp_size that divides its heads, or use "
+                f"`{key}: colwise_gather_output`")
+    if split is not None and "parts of [" in split.action:
+        widths = split.action.split("parts of [", 1)[1].split("]", 1)[0].split(", ")
+        if len(widths) == 2 and widths[0] == widths[1]:
+            return f"Use `{key}: packed_colwise` (two equal halves, each split across ranks)"
+    return f"Use `{key}: colwise_gather_output` (every rank keeps the whole output) and split the next module's input"
+
+
+def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Finding]:
+    """The findings a parity result is evidence for.
+
+    A passed (or skipped) result gives none: a valid split of a suspected projection is cleared, and the caller drops
+    its static suspicion (`result.split` lists the projections the forward cuts into parts; `result.passed` says they
+    survived the split). A failed one gives one error:
+
+    - `TPA501` `packed_layout` when the split blamed is one whose output the forward cuts into parts (`result.fused`):
+      a fused or packed projection split as if it were one matrix;
+    - `TPA502` `style_mismatch` otherwise: a style that does not fit how the model uses the module (a colwise-colwise
+      chain with no reduction, a rowwise module fed a whole input, a module left without a rule between split ones,
+      a projection split through a head), or a plan transformers cannot load.
+
+    Both carry `facts = {"evidence": "parity", "module", "rule", "style", "max_abs_error" | "exception",
+    "observed_at", "tp_size", "ep_size", "rank"}` (`module`, `rule`: generic names with the base model's prefix).
+
+    Args:
+        result (`ParityResult`): from `run_parity`.
+        text_prefix (`str`, *optional*): the base model's module path (`model`, `model.language_model`); fixes then
+            name plan keys relative to it, as a `--plan` file writes them.
+
+    Returns:
+        `list[Finding]` (zero or one).
+    """
+    if not result.ran or result.passed is not False:
+        return []
+    module = result.first_divergent_module
+    facts: dict[str, Any] = {"evidence": "parity", "module": module, "rule": result.rule, "style": result.style,
+                             "observed_at": result.observed_at, "tp_size": result.tp_size,
+                             "ep_size": result.ep_size, "rank": result.rank}
+    if result.error:
+        facts["exception"] = result.error
+        how = f"a rank raised {result.error.split(': ', 1)[-1]}"
+    else:
+        facts["max_abs_error"] = result.max_abs_error
+        how = (f"outputs differ from the unsharded model by up to {result.max_abs_error:.3g} (tolerance "
+               f"{result.tolerance:g} of their scale)")
+    where = f"at `{result.observed_at}`" if result.observed_at else "while loading"
+    small = f"a small {result.model_class or 'model'} on {max(result.tp_size, result.ep_size)} ranks"
+    key = _relative(result.rule or module, text_prefix) or "the rule"
+    if module is None:
+        return [Finding(
+            code="TPA502", kind="style_mismatch", severity="error", target=result.model_class or "tp_plan",
+            message=f"the sharded forward of {small} fails {where}: {how}",
+            fix="Make the plan loadable: every style must fit the module it names", facts=facts)]
+    if result.fused:
+        split = next((s for s in result.split if s.module == module), None)
+        cut = f" the forward cuts its output into parts ({split.action})" if split else ""
+        return [Finding(
+            code="TPA501", kind="packed_layout", severity="error", target=result.rule or module,
+            message=(f"`{module}` is split by `{key}: {result.style}` as one matrix, but{cut or ' its output holds parts'}: "
+                     f"the sharded forward of {small} diverges {where} ({how})"),
+            fix=_packed_fix(split, key), facts=facts)]
+    if result.rule is None:
+        message = (f"`{module}` receives a split input but no rule splits it (no reduction): the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+        fix = f"Add `{_relative(module, text_prefix)}: rowwise` so that it reduces the split input"
+    else:
+        message = (f"`{key}: {result.style}` does not fit how the model uses `{module}`: the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+        if result.input_split is True:
+            fix = f"Use `{key}: rowwise`: its input arrives split by the colwise projections before it"
+        elif result.input_split is False and result.style and result.style.startswith("rowwise"):
+            fix = f"Use `{key}: colwise` (its input arrives whole), or `rowwise_split_input` to split it first"
+        else:
+            fix = ("Pair the styles: a colwise projection feeds a rowwise one that reduces it; a module fed a whole "
+                   "input is colwise (or rowwise_split_input); split heads only where tp_size divides them")
+    return [Finding(code="TPA502", kind="style_mismatch", severity="error", target=result.rule or module,
+                    message=message, fix=fix, facts=facts)]
