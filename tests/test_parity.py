@@ -180,7 +180,7 @@ def test_split_outputs_found_by_evidence():
 # parity: a valid split cleared, a wrong one caught (>= 8 architectures with fused or packed projections)
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_gpt_neox_per_head_query_key_value_colwise_is_valid():
+def test_gpt_neox_per_head_query_key_value_colwise_valid_where_tp_divides_the_heads():
     """query_key_value rows are laid out [head][q, k, v]: a colwise shard of 64 heads on 4 ranks hands each rank 16
     whole heads with their q, k and v, which is exactly what the per-head view expects."""
     from tpaudit.parity import run_parity
@@ -188,6 +188,11 @@ def test_gpt_neox_per_head_query_key_value_colwise_is_valid():
     result = run_parity(defaults("gpt_neox"), "GPTNeoXForCausalLM", None, 4)
     assert_cleared(result)
     assert [s.module for s in result.split] == ["gpt_neox.layers.*.attention.query_key_value"]
+    # at tp 3 the 64 * 3 head-rows split into 3 chunks of 64 rows: 21 heads and a third, and the per-head view fails
+    result = run_parity(defaults("gpt_neox"), "GPTNeoXForCausalLM", None, 3)
+    assert_caught(result, "gpt_neox.layers.*.attention.query_key_value",
+                  "gpt_neox.layers.*.attention.query_key_value", "colwise", "TPA501")
+    assert "is invalid for input of size" in result.error
 
 
 @pytest.mark.slow
@@ -268,7 +273,7 @@ def test_qwen3_next_in_proj_qkvz_interleaved_per_key_head():
 
 
 @pytest.mark.slow
-def test_gpt_oss_experts_packed_colwise_splits_the_input_features():
+def test_gpt_oss_experts_packed_colwise_splits_the_input_features_ep_is_valid():
     """gpt-oss stores experts.gate_up_proj as [E, hidden, 2 * intermediate] (input first, gate/up interleaved along
     the last dim). packed_colwise shards dim ndim - 2 = hidden, the input features: hidden_states @ W[e] multiplies
     64 features by 32 rows and fails. Not a cut of the output (the split is contracted away), hence TPA502."""
@@ -281,6 +286,9 @@ def test_gpt_oss_experts_packed_colwise_splits_the_input_features():
                   "packed_colwise", "TPA502")
     assert "shapes cannot be multiplied" in result.error and not result.fused
     assert "unquantized" in result.reason   # the real model is mxfp4
+    # its shipped plan is expert-parallel: at ep 2 each rank holds 16 of the 32 experts whole, and the sum of the
+    # ranks' routed outputs is the model's
+    assert_cleared(run_parity(snap_config("gpt-oss-20b"), "GptOssForCausalLM", None, 2, 2))
 
 
 @pytest.mark.slow
@@ -388,15 +396,17 @@ def test_tp1_does_not_run_and_misuse_raises():
         run_parity(config, "NoSuchModelClass", None, 2)
     with pytest.raises(UsageError):
         run_parity(config, "LlamaForCausalLM", None, 0)
+    with pytest.raises(UsageError, match="rejected by transformers"):
+        run_parity(config, "LlamaForCausalLM", None, 2, 3)
 
 
 def test_findings_from_a_result():
     """Field by field: a fused split blamed is TPA501, anything else TPA502; a passed or skipped result none."""
     from tpaudit.parity import ParityResult, SplitOutput, parity_findings
 
-    split = SplitOutput(module="model.layers.*.mlp.experts.gate_up_proj", rule="model.layers.*.mlp.experts.gate_up_proj",
-                        style="colwise", action="chunk into parts of [8, 8] features out of 16, blocks of the whole "
-                                             "output")
+    name = "model.layers.*.mlp.experts.gate_up_proj"
+    split = SplitOutput(module=name, rule=name, style="colwise",
+                        action="chunk into parts of [8, 8] features out of 16, blocks of the whole output")
     wrong = ParityResult(ran=True, reason="", tp_size=2, passed=False, first_divergent_module=split.module,
                          rule=split.rule, style="colwise", observed_at="model.layers.*.mlp.experts", fused=True,
                          max_abs_error=2.5, split=(split,), model_class="Qwen3MoeForCausalLM", rank=0)
@@ -405,7 +415,8 @@ def test_findings_from_a_result():
     assert f.facts == {"evidence": "parity", "module": split.module, "rule": split.rule, "style": "colwise",
                        "observed_at": "model.layers.*.mlp.experts", "tp_size": 2, "ep_size": 1, "rank": 0,
                        "max_abs_error": 2.5}
-    assert f.fix == "Use `layers.*.mlp.experts.gate_up_proj: packed_colwise` (two equal halves, each split across ranks)"
+    assert f.fix == ("Use `layers.*.mlp.experts.gate_up_proj: packed_colwise` (two equal halves, each split across "
+                     "ranks)")
     crash = ParityResult(ran=True, reason="", tp_size=2, passed=False, first_divergent_module="model.layers.*.x",
                          rule="model.layers.*.x", style="colwise", error="rank 1: RuntimeError: boom", rank=1)
     (f,) = parity_findings(crash)

@@ -24,12 +24,19 @@ check runs the forward instead:
    names; a rank's output is compared with the unsharded one directly when it is whole, and with the rank's own
    slice when one dimension is sharded (`torch.chunk` order, as DTensor's `Shard`). The first module (in execution
    order) whose output differs beyond the tolerance, or the module running when a rank raised, is where the
-   divergence shows; it is attributed to the split that caused it: that module's own rule when its input still
-   matched, else the last sharded parameter the rank used since the last output that matched (a fused or packed one
-   first).
+   divergence shows. It is attributed to the split that caused it: that module's own rule when its input still
+   matched (a colwise `o_proj` fed split heads, a rowwise `q_proj` fed a whole hidden state); a module with no rule
+   that received a split input (a missing reduction); else a split weight the rank used inside that module, or since
+   the last whole output that matched of a module above it: the last one before a crash, a fused or packed one
+   first for wrong numbers.
 
-Measured on the 2-core reference machine (see `scripts/benchmark.py`): threads cost one import for all ranks; torchrun
-with gloo (`tpaudit verify`) started 4 ranks of a tiny llama in 17 s, the threaded ranks loaded and ran it in 0.3 s.
+The checkpoint's layout decides some verdicts: the loader slices what the checkpoint stores, so per-expert `gate_proj`
+/ `up_proj` tensors split by a plain `colwise` still give each rank its share of both once fused, while a stored
+fused `gate_up_proj` is cut in the middle. `run_parity(checkpoint_keys=...)` saves the small model the same way.
+
+Threads or processes: measured on the 2-core reference machine, 4 gloo ranks under torchrun (as `tpaudit verify`
+starts them) took 17 s for a tiny llama, almost all of it 4 imports of torch and transformers; 4 threaded ranks in
+an already-importing process took 0.3 s. Cost per check (`scripts/benchmark_parity.py`): see the README.
 
 Tolerance: float32 has a 2^-23 (1.2e-7) relative rounding step; a sharded forward changes only the order of the
 sums a `rowwise` all-reduce adds up, over at most a few hundred terms of magnitude about one in the small model,
@@ -48,10 +55,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import UsageError
+from .errors import ConfigError, UsageError
 from .model import Finding, generic_name
-
-PARITY_SCHEMA = "tpaudit/parity/v1"
 
 # Styles that split a module's output along `out_features` and leave it split (the colwise family). Gathered styles
 # (`colwise_gather_output`, `colwise_rep`) hand every rank the whole output, so the model never sees a part.
@@ -68,13 +73,20 @@ OWN_SPLIT_STYLES = frozenset({"colwise", "rowwise", "packed_colwise", "packed_ro
                               "colwise_rep", "rowwise_split_input", "rowwise_rep", "embedding_rowwise",
                               "embedding_colwise"})
 
+# The kernels on both sides: float32 eager attention, and the eager expert loop for tensor parallelism (the
+# grouped-matmul experts need 16-byte-aligned strides that small or uneven CPU shards do not have). Expert parallelism
+# runs transformers' default experts kernel, the one its EP dispatch is written for (gpt-oss's eager loop rejects the
+# EP routing: "Class values must be smaller than num_classes").
+KERNELS = {"attn_implementation": "eager", "experts_implementation": "eager"}
+EP_KERNELS = {"attn_implementation": "eager"}
+
 RTOL = 1e-4
 SEQ_LEN = 8
 BATCH = 2
 SPECIAL_TOKEN_SLOTS = 16
 MIN_VOCAB = 64
 
-TPA502_DOC = """A rule whose style does not fit how the model uses the module: the sharded forward diverges from the unsharded one.
+TPA502_DOC = """A style that does not fit how the model uses the module: the sharded forward diverges.
 
 **What it detects**
 The parity check (`tpaudit check --parity`) loaded a small model of the same architecture on `tp_size` ranks with
@@ -115,9 +127,11 @@ class SplitOutput:
         module (`str`): generic name, e.g. `model.layers.*.self_attn.qkv_proj` or
             `model.layers.*.mlp.experts.gate_up_proj` (a parameter with its own rule).
         rule (`str`): the plan key that splits it (generic, prefixed), as transformers looks it up.
-        style (`str`): `colwise` or `packed_colwise`.
-        action (`str`): what the forward does to the output, in words (`"torch.split into [16, 16, 32, 32] along
-            dim 3 after a view (per head)"`).
+        style (`str`): the rule's style: `colwise` or `packed_colwise` (for an `[E, in, out]` experts tensor, whose
+            output is its last dimension, also `rowwise`).
+        action (`str`): what the forward does to the output, in words (`"split into parts of [128, 128, 256, 256]
+            features out of 768, per-head rows of 48 features, wider than any head (16): several projections packed
+            per head"`).
     """
 
     module: str
@@ -135,14 +149,17 @@ class ParityResult:
 
     Attributes:
         ran (`bool`): the sharded forward was attempted.
-        reason (`str`): why it ran (or did not), and what it could not cover (EP on CPU, quantization, a composite
-            model checked through its text decoder).
+        reason (`str`): why it ran (or did not) and how: the ranks, the layers kept, the checkpoint layout, and what
+            it does not cover (quantized weights run unquantized; a composite model is checked through its text
+            decoder; a subprocess when this process could not host the ranks).
         tp_size (`int`), ep_size (`int`): the `DistributedConfig` sizes the ranks loaded with.
         modules_compared (`int`): module calls whose output was compared on some rank (whole, or as the rank's slice).
         max_abs_error (`float`, *optional*): the largest `|sharded - unsharded|` over every compared output of every
             rank (logits included); `None` when nothing could be compared.
         first_divergent_module (`str`, *optional*): generic name of the module (or parameter) whose split made the
-            forward diverge; `None` when it did not.
+            forward diverge: the first module (in execution order) whose output differs or that raised when its own
+            rule is at fault (its input still matched), else the split it consumed (`observed_at` says where it
+            showed); `None` when nothing diverged.
         rule (`str`, *optional*), style (`str`, *optional*): the plan rule and style that split it (`None` when the
             module has no rule, e.g. one that receives a split input unreduced).
         observed_at (`str`, *optional*): generic name of the module where the divergence showed (the first whose
@@ -159,7 +176,8 @@ class ParityResult:
         layers (`tuple[int, ...]`): the real layer indices the small model keeps, one per kind, in order.
         model_class (`str`, *optional*): the class that was loaded.
         scope (`str`): `"whole model"`, or what part of a composite model was checked.
-        tolerance (`float`): the relative tolerance (`1e-4` of the output's scale, at least `1e-4`).
+        tolerance (`float`): the relative tolerance: an output differs when its max abs error exceeds
+            `tolerance * max(1, max |unsharded output|)`.
         rank (`int`, *optional*): the rank that raised or diverged first.
         observed_layer (`int`, *optional*): the real model's layer index (of the kept layer) where the divergence
             showed, e.g. 5 for Gemma 4's first global-attention layer.
@@ -229,6 +247,7 @@ class SmallModel:
         input_ids (`torch.Tensor`): `[BATCH, SEQ_LEN]` token ids, the same for every run.
         plan (`dict[str, str]`): the merged TP plan of the small model (`model.tp_plan`, generic prefixed keys).
         ep_plan (`dict[str, str]`): the merged EP plan (`model.ep_plan`).
+        kernels (`dict[str, str]`): the `from_pretrained` kernel choices both sides load with.
         shrunk (`dict[str, list[int]]`), layers (`tuple[int, ...]`), scope (`str`), notes (`list[str]`).
         head_widths (`tuple[int, ...]`): every per-head width of the small config (`head_dim`, `global_head_dim`,
             linear-attention and MLA head dims).
@@ -249,6 +268,7 @@ class SmallModel:
     tmp: Any = None
     found: dict[str, SplitOutput] = field(default_factory=dict)
     ep_plan: dict[str, str] = field(default_factory=dict)
+    kernels: dict[str, str] = field(default_factory=lambda: dict(KERNELS))
 
     def cleanup(self) -> None:
         """Remove the temporary directory."""
@@ -477,8 +497,8 @@ def _layer_signatures(model, config_dict: dict, n_layers: int) -> list[tuple] | 
     if found is None or len(found[1]) != n_layers:
         return None
     per_layer = {k: v for k, v in config_dict.items() if isinstance(v, list) and len(v) == n_layers}
-    index_lists = {k: v for k, v in config_dict.items()
-                   if isinstance(v, list) and "layer" in k and k not in per_layer and all(isinstance(x, int) for x in v)}
+    index_lists = {k: v for k, v in config_dict.items() if isinstance(v, list) and "layer" in k
+                   and k not in per_layer and all(isinstance(x, int) for x in v)}
     overrides = _per_layer_overrides(config_dict)
     sigs = []
     for i, layer in enumerate(found[1]):
@@ -622,7 +642,7 @@ def _checkpoint_layout(model, checkpoint_keys) -> str:
 
 
 def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *, seed: int = 0,
-                      checkpoint_keys=None) -> SmallModel:
+                      checkpoint_keys=None, kernels: dict | None = None) -> SmallModel:
     """Build, randomise and save the small model of `config`'s architecture (see the module docstring).
 
     Args:
@@ -638,6 +658,8 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
             tensor is split as one. The small model is saved in the same layout: transformers' original format
             (`save_pretrained`'s default) when the checkpoint lacks runtime names, else the runtime format. Unknown
             (`None`): the runtime format, where a split that cuts a fused tensor shows.
+        kernels (`dict`, *optional*): `from_pretrained` kernel choices (default `KERNELS`: eager attention and
+            experts).
 
     Returns:
         `SmallModel` (call `cleanup()` when done).
@@ -666,8 +688,8 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
         d.pop(k, None)
     if tp_plan is not None:
         d["base_model_tp_plan"] = dict(tp_plan)
-    d["attn_implementation"] = "eager"
-    d["experts_implementation"] = "eager"
+    kernels = dict(KERNELS if kernels is None else kernels)
+    d.update(kernels)
     config_cls = type(work)
     with quiet_libraries(), _no_progress_bars():
         d, layers, layer_notes = _choose_layers(cls, config_cls, d)
@@ -690,7 +712,7 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
         # the config object travels with the load: `base_model_tp_plan` under review is an attribute of this instance
         # only (config.json does not bring it back)
         reference = cls.from_pretrained(tmp.name, config=small_cfg, dtype=torch.float32,
-                                        attn_implementation="eager", experts_implementation="eager").eval()
+                                        **kernels).eval()
     vocab = d.get(vocab_key, MIN_VOCAB) if vocab_key else MIN_VOCAB
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SLOTS), (BATCH, SEQ_LEN), generator=g)
@@ -699,8 +721,9 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
     if not isinstance(d.get("head_dim"), int) and _key(d, HIDDEN_KEYS) and _key(d, HEAD_KEYS):
         widths.add(d[_key(d, HIDDEN_KEYS)] // d[_key(d, HEAD_KEYS)])
     return SmallModel(path=tmp.name, model_class=cls, config=small_cfg, reference=reference, input_ids=input_ids,
-                      plan=dict(reference.tp_plan or {}), ep_plan=dict(reference.ep_plan or {}), shrunk=shrunk, layers=layers, scope=scope, notes=notes,
-                      head_widths=tuple(sorted(widths)), tmp=tmp)
+                      plan=dict(reference.tp_plan or {}), ep_plan=dict(reference.ep_plan or {}), shrunk=shrunk,
+                      layers=layers, scope=scope, notes=notes, head_widths=tuple(sorted(widths)), tmp=tmp,
+                      kernels=kernels)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -977,7 +1000,7 @@ def _trace(small: SmallModel, tp_plan_styles=SPLIT_OUTPUT_STYLES) -> tuple[dict[
         for h in handles:
             h.remove()
     found = {g: SplitOutput(module=g, rule=sources[g][0], style=sources[g][1], action=tracer.found[g])
-             for g in sources if g in tracer.found}
+             for g in sorted(sources) if g in tracer.found}
     small.found = found
     return found, sorted(sources)
 
@@ -1002,18 +1025,29 @@ def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, se
         checkpoint_keys (`Iterable[str]`, *optional*): the real checkpoint's tensor names (see `build_small_model`).
 
     Returns:
-        `list[SplitOutput]`, in the model's order; empty when the plan cuts no split output into parts.
+        `list[SplitOutput]`, sorted by name; empty when the forward cuts no split output into parts.
 
     Raises:
         UsageError: `model_class` is not a transformers model class, or `tp_size < 1`.
+        ConfigError: the small model cannot be built or run from this config (no evidence either way).
     """
     if tp_size < 1:
         raise UsageError(f"tp_size {tp_size} is invalid: the parity check needs tp_size >= 1. Pass --tp 2 or more")
+    cls = _resolve_class(model_class)
     with one_thread():
-        small = build_small_model(config, model_class, tp_plan, max(tp_size, 1), seed=seed,
-                                  checkpoint_keys=checkpoint_keys)
+        try:
+            small = build_small_model(config, cls, tp_plan, max(tp_size, 1), seed=seed,
+                                      checkpoint_keys=checkpoint_keys)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported as what it is: no small model, no evidence
+            raise ConfigError(f"the parity check cannot build a small {cls.__name__} from this config: "
+                              f"{_short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
         try:
             found, _ = _trace(small)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"the parity check cannot run a small {cls.__name__}: "
+                              f"{_short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
         finally:
             small.cleanup()
     return list(found.values())
@@ -1160,12 +1194,11 @@ def _run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float) ->
     runs = [_RankRun(rank=r) for r in range(world)]
 
     def main(run: _RankRun, store) -> None:
-        compat.init_rank(run.rank, world, store)
         try:
             run.phase = "load"
+            compat.init_rank(run.rank, world, store)
             model = small.model_class.from_pretrained(
-                small.path, config=small.config, dtype=torch.float32, attn_implementation="eager",
-                experts_implementation="eager",
+                small.path, config=small.config, dtype=torch.float32, **small.kernels,
                 distributed_config=DistributedConfig(tp_size=tp_size, ep_size=ep_size)).eval()
             run.phase = "forward"
             run.recorder = _Recorder(model)
@@ -1274,6 +1307,8 @@ def _analyse(small: SmallModel, ref: _Recorder, runs: list[_RankRun], world: int
     compared: set[tuple[str, int]] = set()
     max_err: float | None = None
     observations = []
+    ep_scopes = [name for name, _ in small.reference.named_modules()
+                 if ep_size > 1 and name and rule_for(small.ep_plan, name, is_param=False)[0] is not None]
     for run in runs:
         rec = run.recorder
         if rec is None:
@@ -1282,6 +1317,8 @@ def _analyse(small: SmallModel, ref: _Recorder, runs: list[_RankRun], world: int
         for seq, key in rec.exits:
             if run.done and rec.counts.get(key[0]) != ref.counts.get(key[0]):
                 continue   # called another number of times (an expert loop over this rank's experts): no pairing
+            if any(key[0].startswith(scope + ".") for scope in ep_scopes):
+                continue   # inside an expert-parallel module each rank computes other tokens: only its output pairs
             ok, err, tol = _compare(ref.outputs.get(key), rec.outputs.get(key), run.rank, world)
             if not ok:
                 continue
@@ -1337,7 +1374,8 @@ def _attribute(small: SmallModel, ref: _Recorder, rec: _Recorder, rank: int, wor
         return {"first_divergent_module": generic_name(name), "rule": rule, "style": style,
                 "input_split": input_split}
     if input_split and style is None:
-        return {"first_divergent_module": generic_name(name), "rule": None, "style": None}
+        return {"first_divergent_module": generic_name(name), "rule": None, "style": None, "input_split": True}
+
     def suspect(param: str) -> bool:
         # a weight whose split reaches the model split: a parameter with its own rule (experts), or the weight of a
         # module whose output stays split (colwise, packed_colwise); a gathered or reduced output is whole again
@@ -1422,12 +1460,20 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
         `ParityResult`. A plan that crashes or diverges is a result (`passed=False`), never an exception.
 
     Raises:
-        UsageError: `tp_size` or `ep_size` < 1, or `model_class` is not a transformers model class.
+        UsageError: `tp_size` or `ep_size` < 1, sizes `DistributedConfig` rejects (`ep_size` not a multiple of
+            `tp_size`), or `model_class` is not a transformers model class.
     """
     if tp_size < 1 or ep_size < 1:
         raise UsageError(f"tp_size {tp_size} / ep_size {ep_size} is invalid: the parity check needs sizes >= 1. "
                          "Pass --tp 2 or more")
     _resolve_class(model_class)
+    from transformers.distributed import DistributedConfig
+
+    try:
+        DistributedConfig(tp_size=tp_size, ep_size=ep_size)
+    except ValueError as e:
+        raise UsageError(f"tp_size {tp_size}, ep_size {ep_size} is rejected by transformers: {e} Pass ep_size 1 or "
+                         f"one DistributedConfig accepts with tp_size {tp_size}") from None
     start = time.perf_counter()
     if tp_size == 1 and ep_size == 1:
         return ParityResult(ran=False, reason="tp_size 1 and ep_size 1 split nothing: no sharded forward to compare",
@@ -1457,20 +1503,27 @@ def _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeo
 
     base = {"tp_size": tp_size, "ep_size": ep_size}
     try:
-        small = build_small_model(config, model_class, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys)
+        small = build_small_model(config, model_class, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys,
+                                  kernels=EP_KERNELS if ep_size > 1 else KERNELS)
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - our limit, not the plan's: say so and do not judge
         return ParityResult(ran=False, reason=f"the small model could not be built here: "
                             f"{_short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start, **base)
     try:
-        found, _ = _trace(small)
-        ref = _Recorder(small.reference)
         try:
-            with torch.no_grad():
-                small.reference(input_ids=small.input_ids)
-        finally:
-            ref.remove()
+            found, _ = _trace(small)
+            ref = _Recorder(small.reference)
+            try:
+                with torch.no_grad():
+                    small.reference(input_ids=small.input_ids)
+            finally:
+                ref.remove()
+        except Exception as e:  # noqa: BLE001 - the unsharded small model itself does not run: nothing to compare
+            return ParityResult(ran=False, reason=f"the small unsharded {small.model_class.__name__} does not run "
+                                f"here: {_short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start,
+                                shrunk=small.shrunk, layers=small.layers, model_class=small.model_class.__name__,
+                                scope=small.scope, **base)
         runs, finished = _run_ranks(small, tp_size, ep_size, timeout)
         world = max(tp_size, ep_size)
         facts = _analyse(small, ref, runs, world, found, ep_size)
@@ -1567,13 +1620,18 @@ def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Find
         cut = f" the forward cuts its output into parts ({split.action})" if split else ""
         return [Finding(
             code="TPA501", kind="packed_layout", severity="error", target=result.rule or module,
-            message=(f"`{module}` is split by `{key}: {result.style}` as one matrix, but{cut or ' its output holds parts'}: "
-                     f"the sharded forward of {small} diverges {where} ({how})"),
+            message=(f"`{module}` is split by `{key}: {result.style}` as one matrix, but"
+                     f"{cut or ' its output holds parts'}: the sharded forward of {small} diverges {where} ({how})"),
             fix=_packed_fix(split, key), facts=facts)]
-    if result.rule is None:
+    if result.rule is None and result.input_split:
         message = (f"`{module}` receives a split input but no rule splits it (no reduction): the sharded forward of "
                    f"{small} diverges {where} ({how})")
         fix = f"Add `{_relative(module, text_prefix)}: rowwise` so that it reduces the split input"
+    elif result.rule is None:
+        message = (f"the sharded forward of {small} diverges {where} ({how}), in `{module}`, which no rule splits "
+                   "and which used no split weight: a parameter it reads per head or per feature is not split "
+                   "with the rest")
+        fix = "Give the module's own parameters (attention sinks, per-head scales) the rule its inputs need"
     else:
         message = (f"`{key}: {result.style}` does not fit how the model uses `{module}`: the sharded forward of "
                    f"{small} diverges {where} ({how})")

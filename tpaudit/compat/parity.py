@@ -13,8 +13,7 @@ takes a few private pieces, all here:
   weights in a worker thread pool, whose threads do not belong to any rank's world;
 - the model class's `get_init_context` (`modeling_utils.py`): the contexts it returns patch process-wide state
   (`PreTrainedModel.tie_weights`, `torch.linspace`, the default dtype) on entry and restore it on exit, so ranks
-  building their models at the same time would restore each other's patches. A lock makes them build one at a time;
-- the class-level `_tp_plan` (`lm_head`), read to report which rule came from the model class.
+  building their models at the same time would restore each other's patches. A lock makes them build one at a time.
 
 Outside the tested range these may change; `tpaudit._compat.check_versions` guards the range for the whole tool.
 """
@@ -26,7 +25,7 @@ import os
 import threading
 from typing import Any, Iterator
 
-__all__ = ["threaded_world", "init_rank", "wake_ranks", "serialized_init", "class_tp_plan", "TERMINATED"]
+__all__ = ["threaded_world", "init_rank", "leave_rank", "wake_ranks", "serialized_init", "TERMINATED"]
 
 TERMINATED = "Test termination event occurs."
 """The `SystemExit` message a rank gets when another rank failed and woke it from a collective."""
@@ -50,6 +49,7 @@ def threaded_world() -> Iterator[Any]:
     os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
     hf_logging.disable_progress_bar()
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    mtp.ProcessLocalGroup.reset()
     mtp._install_threaded_pg()
     try:
         yield dist.HashStore()
@@ -125,8 +125,3 @@ def serialized_init(model_class) -> Iterator[None]:
         PreTrainedModel.tie_weights, PreTrainedModel.init_weights, torch.linspace = saved[:3]
         torch.set_default_dtype(saved[3])
 
-
-def class_tp_plan(model_class) -> dict[str, str]:
-    """The class-level TP plan (`_tp_plan`, e.g. `{"lm_head": "colwise_gather_output"}`) of a transformers model
-    class, `{}` when it has none."""
-    return dict(getattr(model_class, "_tp_plan", None) or {})
