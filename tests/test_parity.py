@@ -292,7 +292,7 @@ def test_gpt_oss_experts_packed_colwise_splits_the_input_features_ep_is_valid():
 
 
 @pytest.mark.slow
-def test_gemma4_global_layers_split_their_kv_head_at_tp4():
+def test_gemma4_global_layers_split_their_kv_head():
     """Gemma-4-26B-A4B: sliding layers have 8 KV heads, global layers 2 (num_global_key_value_heads, through
     per-layer configs). At tp 4 the global layers' k_proj (2 heads) gives each rank half a head and the per-head view
     fails, first at real layer 5; at tp 2 every layer splits whole heads."""
@@ -303,6 +303,13 @@ def test_gemma4_global_layers_split_their_kv_head_at_tp4():
     result = run_parity(config, "Gemma4ForConditionalGeneration", None, 4)
     assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
     assert result.observed_layer == 5 and "invalid" in result.error
+    # Gemma-4-31B-it: 16 KV heads on sliding layers, 4 on global ones (per_layer_config), tied embeddings. tp 4
+    # splits every layer into whole heads; tp 8 gives each rank half of a global layer's head, first at layer 5.
+    config = snap_config("gemma-4-31b-it")
+    assert_cleared(run_parity(config, "Gemma4ForConditionalGeneration", None, 4))
+    result = run_parity(config, "Gemma4ForConditionalGeneration", None, 8)
+    assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
+    assert result.observed_layer == 5
 
 
 @pytest.mark.slow

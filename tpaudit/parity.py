@@ -1193,13 +1193,16 @@ def _run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float) ->
     world = max(tp_size, ep_size)
     runs = [_RankRun(rank=r) for r in range(world)]
 
-    def main(run: _RankRun, store) -> None:
+    def main(run: _RankRun, store, lock) -> None:
         try:
             run.phase = "load"
             compat.init_rank(run.rank, world, store)
-            model = small.model_class.from_pretrained(
-                small.path, config=small.config, dtype=torch.float32, **small.kernels,
-                distributed_config=DistributedConfig(tp_size=tp_size, ep_size=ep_size)).eval()
+            try:
+                model = small.model_class.from_pretrained(
+                    small.path, config=small.config, dtype=torch.float32, **small.kernels,
+                    distributed_config=DistributedConfig(tp_size=tp_size, ep_size=ep_size)).eval()
+            finally:
+                lock.release()
             run.phase = "forward"
             run.recorder = _Recorder(model)
             tracker = _use_tracker(run.recorder, _param_ranges(model))
@@ -1222,9 +1225,9 @@ def _run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float) ->
             compat.leave_rank()
 
     finished = True
-    with quiet_libraries(), compat.threaded_world() as store, compat.serialized_init(small.model_class):
-        threads = [threading.Thread(target=main, args=(run, store), daemon=True, name=f"tpaudit-rank{run.rank}")
-                   for run in runs]
+    with quiet_libraries(), compat.threaded_world() as store, compat.serialized_loading(small.model_class) as lock:
+        threads = [threading.Thread(target=main, args=(run, store, lock), daemon=True,
+                                    name=f"tpaudit-rank{run.rank}") for run in runs]
         for t in threads:
             t.start()
         deadline = time.monotonic() + timeout

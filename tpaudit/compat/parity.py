@@ -11,9 +11,9 @@ takes a few private pieces, all here:
   without which two ranks register the same group name;
 - transformers' loader switch `HF_DEACTIVATE_ASYNC_LOAD` (`core_model_loading.py`): the loader otherwise shards
   weights in a worker thread pool, whose threads do not belong to any rank's world;
-- the model class's `get_init_context` (`modeling_utils.py`): the contexts it returns patch process-wide state
-  (`PreTrainedModel.tie_weights`, `torch.linspace`, the default dtype) on entry and restore it on exit, so ranks
-  building their models at the same time would restore each other's patches. A lock makes them build one at a time.
+- the model class's `prepare_distribute_model` (`distributed/mixin.py`), wrapped so that ranks load one at a time
+  once their device mesh exists: the contexts `get_init_context` returns patch process-wide state
+  (`PreTrainedModel.tie_weights`, `torch.linspace`, the default dtype), which another rank's load would read.
 
 Outside the tested range these may change; `tpaudit._compat.check_versions` guards the range for the whole tool.
 """
@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any, Iterator
 
-__all__ = ["threaded_world", "init_rank", "leave_rank", "wake_ranks", "serialized_init", "TERMINATED"]
+__all__ = ["threaded_world", "init_rank", "leave_rank", "wake_ranks", "serialized_loading", "TERMINATED"]
 
 TERMINATED = "Test termination event occurs."
 """The `SystemExit` message a rank gets when another rank failed and woke it from a collective."""
@@ -89,39 +89,57 @@ def wake_ranks(exc: BaseException) -> None:
     mtp.ProcessLocalGroup.exception_handle(exc)
 
 
-@contextlib.contextmanager
-def serialized_init(model_class) -> Iterator[None]:
-    """Make `model_class.from_pretrained` build one model at a time across threads, and put back the process-wide
-    state its init contexts patch (`PreTrainedModel.tie_weights` / `init_weights`, `torch.linspace`, the default
-    dtype) when the block ends.
+class _LoadLock:
+    """One rank at a time between its mesh set-up and the end of its `from_pretrained`."""
 
-    transformers 5.23 `PreTrainedModel.get_init_context` returns context managers that patch globals; the lock is
-    entered before them and left after them.
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held = threading.local()
+
+    def acquire(self) -> None:
+        if not getattr(self._held, "value", False):
+            self._lock.acquire()
+            self._held.value = True
+
+    def release(self) -> None:
+        """Call in the rank's thread once its `from_pretrained` returned or raised."""
+        if getattr(self._held, "value", False):
+            self._held.value = False
+            self._lock.release()
+
+
+@contextlib.contextmanager
+def serialized_loading(model_class) -> Iterator[_LoadLock]:
+    """Make the ranks' `model_class.from_pretrained` calls load one at a time after their (collective) mesh set-up,
+    and put back the process-wide state transformers patches while it builds a model.
+
+    transformers 5.23 `PreTrainedModel.get_init_context` returns context managers that patch globals on entry and
+    restore them on exit (`PreTrainedModel.tie_weights` becomes a no-op, `torch.linspace` and the default dtype
+    change); a rank finishing its load (`tie_weights` in `_finalize_model_loading`) while another builds its model
+    would read the patched no-op and leave `lm_head` untied. `from_pretrained` first sets up the device mesh
+    (`prepare_distribute_model`, a collective every rank must enter), so the lock is taken right after it returns and
+    released by the rank (`lock.release()`) when its `from_pretrained` ends. Loading has no collective after that.
     """
     import torch
     from transformers import PreTrainedModel
 
-    lock = threading.Lock()
-    original = model_class.__dict__.get("get_init_context")
-    bound = model_class.get_init_context
+    lock = _LoadLock()
+    original = model_class.__dict__.get("prepare_distribute_model")
+    bound = model_class.prepare_distribute_model
 
-    @contextlib.contextmanager
-    def held():
-        with lock:
-            yield
-
-    def get_init_context(cls, *args, **kwargs):
-        return [held(), *bound(*args, **kwargs)]
+    def prepare_distribute_model(cls, *args, **kwargs):
+        out = bound(*args, **kwargs)
+        lock.acquire()
+        return out
 
     saved = (PreTrainedModel.tie_weights, PreTrainedModel.init_weights, torch.linspace, torch.get_default_dtype())
-    model_class.get_init_context = classmethod(get_init_context)
+    model_class.prepare_distribute_model = classmethod(prepare_distribute_model)
     try:
-        yield
+        yield lock
     finally:
         if original is None:
-            del model_class.get_init_context
+            del model_class.prepare_distribute_model
         else:
-            model_class.get_init_context = original
+            model_class.prepare_distribute_model = original
         PreTrainedModel.tie_weights, PreTrainedModel.init_weights, torch.linspace = saved[:3]
         torch.set_default_dtype(saved[3])
-
