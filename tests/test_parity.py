@@ -392,7 +392,7 @@ def test_isolated_run_in_a_subprocess_gives_the_same_verdict():
 # ----------------------------------------------------------------------------------------------------------------------
 # results and findings
 # ----------------------------------------------------------------------------------------------------------------------
-def test_tp1_does_not_run_and_misuse_raises():
+def test_nothing_to_run_and_misuse():
     from tpaudit.errors import UsageError
     from tpaudit.parity import run_parity
 
@@ -405,6 +405,9 @@ def test_tp1_does_not_run_and_misuse_raises():
         run_parity(config, "LlamaForCausalLM", None, 0)
     with pytest.raises(UsageError, match="rejected by transformers"):
         run_parity(config, "LlamaForCausalLM", None, 2, 3)
+    # dense Qwen3-VL ships no text plan in 5.23: its text decoder has nothing to shard, so nothing to compare
+    result = run_parity(snap_config("qwen3-vl-8b-instruct"), "Qwen3VLForConditionalGeneration", None, 2)
+    assert result.ran is False and "shards nothing" in result.reason and "text decoder only" in result.scope
 
 
 def test_findings_from_a_result():

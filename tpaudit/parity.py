@@ -1513,6 +1513,12 @@ def _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeo
     except Exception as e:  # noqa: BLE001 - our limit, not the plan's: say so and do not judge
         return ParityResult(ran=False, reason=f"the small model could not be built here: "
                             f"{_short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start, **base)
+    if not small.plan and not (ep_size > 1 and small.ep_plan):
+        small.cleanup()
+        return ParityResult(ran=False, reason=f"the plan shards nothing in {small.model_class.__name__} (no TP rule "
+                            "applies): there is no sharded forward to compare", seconds=time.perf_counter() - start,
+                            shrunk=small.shrunk, layers=small.layers, model_class=small.model_class.__name__,
+                            scope=small.scope, **base)
     try:
         try:
             found, _ = _trace(small)
