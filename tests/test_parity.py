@@ -441,7 +441,8 @@ def test_findings_from_a_result():
 
 
 def test_tpa502_catalogue_entry_has_the_sections():
-    from tpaudit.parity import TPA502_DOC
+    from tpaudit.checks.registry import get_rule
 
-    for heading in ("**What it detects**", "**Why it matters**", "**Example**", "**Fix**", "**References**"):
-        assert heading in TPA502_DOC
+    sections = get_rule("TPA502").sections()
+    for heading in ("What it detects", "Why it matters", "Example", "Fix", "References"):
+        assert sections.get(heading), heading

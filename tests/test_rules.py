@@ -52,6 +52,7 @@ def _audit(model: str, edits: str, tmp: str):
 
     case = json.loads(edits)
     tmp_path = Path(tmp)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     plan = None
     if model.startswith("case:"):
         from test_cases import materialise

@@ -82,15 +82,21 @@ class Audit:
         return tuple(notes)
 
     def _parity(self, resolved: ResolvedPlan, shard_map, mode: str, *, proposed: bool):
-        """The parity evidence for this option (`None` when it was not needed or switched off)."""
-        if mode == "off" or not resolved.sizes.parallel or resolved.loader_errors:
-            return None
-        from . import evidence as engine
+        """The parity evidence for this option: a `ParityResult` that ran, or one that says why it did not."""
+        from . import evidence
 
-        reason = engine.reason_to_run(self.built, resolved, shard_map, forced=mode == "on", proposed=proposed)
+        if not resolved.sizes.parallel:
+            return evidence.skipped(resolved, "not run: one rank splits nothing")
+        if resolved.loader_errors:
+            return evidence.skipped(resolved, "not run: from_pretrained refuses this plan (see TPA003)")
+        if mode == "off":
+            return evidence.skipped(resolved, "not run: switched off (--no-parity); fused-projection suspicions "
+                                              "stay warnings")
+        reason = evidence.reason_to_run(self.built, resolved, shard_map, forced=mode == "on", proposed=proposed)
         if reason is None:
-            return None
-        return engine.run_for(self.built, resolved, reason)
+            return evidence.skipped(resolved, "not needed: the plan splits no projection whose output the forward "
+                                              "cuts into parts")
+        return evidence.run_for(self.built, resolved, reason)
 
 
 def _kv(built: BuiltModel, shard_map):

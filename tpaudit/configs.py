@@ -29,11 +29,15 @@ def values(config, name: str) -> list:
     return out
 
 
-def attribute_for(config, fragment: str, wanted: int, preferred: str) -> tuple[str, Any]:
+def attribute_for(config, fragment: str, wanted: int, preferred: str, raw: dict | None = None) -> tuple[str, Any]:
     """The config attribute that sets a per-layer value: `preferred` when its global value is `wanted`, else the
     attribute whose name contains `fragment` and whose global value is `wanted` (Gemma 4's
     `num_global_key_value_heads` = 4 for its global layers, while `num_key_value_heads` = 16); else `preferred` with
     the per-layer note.
+
+    `raw` is the config.json section the config was read from: transformers may fold such an attribute into the
+    per-layer configs and keep no attribute of that name (Gemma 4's `num_global_key_value_heads`), while config.json,
+    the file a user edits, still names it.
 
     Returns:
         `(attribute name, its global value)`; `("per_layer_config.<preferred>", wanted)` when no attribute holds
@@ -46,4 +50,10 @@ def attribute_for(config, fragment: str, wanted: int, preferred: str) -> tuple[s
     for n in names:
         if tf.config_value(config, n) == wanted:
             return n, wanted
+    if isinstance(raw, dict):
+        if raw.get(preferred) == wanted:
+            return preferred, wanted
+        for n in sorted(k for k in raw if isinstance(k, str) and fragment in k):
+            if raw[n] == wanted and not isinstance(raw[n], bool):
+                return n, wanted
     return f"per_layer_config.{preferred}", wanted

@@ -1,30 +1,151 @@
-"""When the pipeline asks the sharded forward for evidence (the parity check), and how its verdict reads.
+"""When the pipeline asks the sharded forward for evidence (the parity check, `parity.py`), and what it asks.
 
-The engine (`parity.py`) builds a small model of the same architecture and plan, loads it on real gloo ranks with
-`from_pretrained(..., distributed_config=...)` and compares its outputs with the unsharded model's. This module decides
-when that is needed for a report:
+The engine builds a small model of the same architecture and plan, loads it on `tp_size` real ranks with
+`from_pretrained(..., distributed_config=...)` and compares its outputs with the unsharded model's. This module
+decides when that is needed for one option of a report:
 
-- always for a proposed plan (`--plan`, a `--suggest` candidate: a plan under review is exactly what needs evidence)
-  and with `--parity`;
+- always for a proposed plan (`--plan`, a `--suggest` candidate: a plan under review is exactly what needs
+  evidence) and with `--parity`;
 - by itself when the plan splits a projection's output and the model's forward then cuts that output into parts (a
-  fused or packed projection, by any name), which only the forward can tell;
-- never with `--no-parity`, and never for a plan with no such projection (nothing extra runs).
+  fused or packed projection, by any name), which only the forward can tell: a cheap static filter (a module split on
+  its output whose `out_features` is not one size the config names for a single projection) picks the candidates,
+  and a trace of one forward of the small model (`parity.split_outputs`) confirms that the forward cuts them;
+- never with `--no-parity`, for one rank, or for a plan the loader refuses; and never for a shipped plan with no such
+  projection (nothing extra runs).
+
+`packed_colwise` on a fused experts parameter that transformers itself marks as concatenated `[gate; up]` and not
+transposed (`is_concatenated`, `is_transposed`, the flags its experts kernels read) is decided without evidence: it
+is the layout that style is written for.
 """
 
 from __future__ import annotations
 
+from .configs import value
+from .parity import SPLIT_OUTPUT_STYLES, ParityResult, run_parity, split_outputs
+
+# Config attributes whose value is the output width of a single (unfused) projection, alone or times the head dim.
+_WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+           "vocab_size", "q_lora_rank", "kv_lora_rank", "ffn_hidden_size", "n_inner", "d_ff")
+_HEADS = ("num_attention_heads", "num_key_value_heads", "num_global_key_value_heads", "linear_num_key_heads",
+          "linear_num_value_heads")
+_HEAD_DIMS = ("head_dim", "linear_key_head_dim", "linear_value_head_dim", "qk_head_dim", "v_head_dim",
+              "qk_nope_head_dim", "global_head_dim")
+
+
+def _single_widths(config) -> set[int]:
+    widths = {v for n in _WIDTHS if isinstance(v := value(config, n), int)}
+    heads = {v for n in _HEADS if isinstance(v := value(config, n), int)}
+    dims = {v for n in _HEAD_DIMS if isinstance(v := value(config, n), int)}
+    hidden = value(config, "hidden_size")
+    attention = value(config, "num_attention_heads")
+    if isinstance(hidden, int) and isinstance(attention, int) and attention:
+        dims.add(hidden // attention)
+    mla_q = value(config, "qk_nope_head_dim"), value(config, "qk_rope_head_dim")
+    if all(isinstance(x, int) for x in mla_q):
+        dims.add(sum(mla_q))
+    return widths | {h * d for h in heads for d in dims}
+
+
+def candidates(built, shard_map) -> list[str]:
+    """Generic names of the projections the plan splits on their output whose width is not one single projection's
+    (`out_features` of a module, or the output dim of a bare experts parameter), excluding what is decided without
+    evidence (see the module docstring)."""
+    single = _single_widths(built.text_config)
+    out = []
+    for g in shard_map.groups:
+        p = g.first
+        if p.sharding != "sharded" or p.plan != "tp" or p.style not in SPLIT_OUTPUT_STYLES or p.ndim < 2:
+            continue
+        facts = built.modules.get(p.module_name)
+        bare = p.name.rpartition(".")[2] not in ("weight", "bias")
+        if bare:  # a fused experts parameter: [E, out, in] (or [E, in, out] when transposed)
+            width = p.global_shape[-1] if facts is not None and facts.is_transposed else p.global_shape[-2]
+            if p.style == "packed_colwise" and facts is not None and facts.is_concatenated is not False \
+                    and not facts.is_transposed:
+                continue
+        else:
+            width = facts.out_features if facts is not None and facts.out_features else p.global_shape[-2]
+        if width in single or (p.style == "packed_colwise" and width // 2 in single and not bare):
+            continue
+        out.append(g.generic_name)
+    return out
+
 
 def reason_to_run(built, resolved, shard_map, *, forced: bool, proposed: bool) -> str | None:
-    """Why the parity check should run for this option, or `None` when it should not (placeholder until the engine
-    lands: the static suspicions stay warnings)."""
-    return None
+    """Why the parity check should run for this option, or `None` when nothing calls for it.
+
+    Raises:
+        ConfigError: the trace cannot build or run the small model (`--no-parity` skips it).
+    """
+    if forced:
+        return "asked for (--parity)"
+    if proposed:
+        return "the plan is a proposed one (--plan): a plan under review is checked against the sharded forward"
+    suspects = candidates(built, shard_map)
+    if not suspects:
+        return None
+    found = split_outputs(built.config, built.architecture, _plan(built), resolved.tp_size,
+                          checkpoint_keys=_keys(built))
+    if not found:
+        return None
+    names = ", ".join(f"`{s.module}` ({s.style})" for s in found[:3])
+    return f"the plan splits {names}{' and more' if len(found) > 3 else ''}, whose output the forward cuts into parts"
 
 
-def run_for(built, resolved, reason: str):
-    """Run the parity check for this option (see `parity.run_parity`)."""
-    raise NotImplementedError
+def skipped(resolved, why: str) -> ParityResult:
+    """The `parity` section of a report for which the check did not run, with the reason."""
+    return ParityResult(ran=False, reason=why, tp_size=resolved.tp_size, ep_size=resolved.ep_size)
 
 
-def is_layout_divergence(result) -> bool:
+def run_for(built, resolved, reason: str) -> ParityResult:
+    """Run the parity check for this option (`parity.run_parity`, the checkpoint's own layout) and say why it ran."""
+    if built.instance_plans is not None:
+        return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
+                                 "architecture")
+    result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
+                        checkpoint_keys=_keys(built))
+    import dataclasses
+
+    return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
+
+
+def _real_names(built, result: ParityResult) -> ParityResult:
+    """The small model of a composite model is its text decoder alone (`layers.*.x`): name modules and rules as the
+    real model does (`model.language_model.layers.*.x`), so findings point at what a user edits."""
+    import dataclasses
+
+    from .compat import backend
+
+    names = backend().model_names(built.model)
+    prefix = built.text_prefix
+
+    def real(name: str | None) -> str | None:
+        if not name or name in names or not prefix:
+            return name
+        prefixed = f"{prefix}.{name}"
+        return prefixed if prefixed in names or prefixed in resolved_rules(built) else name
+
+    split = tuple(dataclasses.replace(s, module=real(s.module), rule=real(s.rule)) for s in result.split)
+    return dataclasses.replace(result, first_divergent_module=real(result.first_divergent_module),
+                               rule=real(result.rule), observed_at=real(result.observed_at), split=split)
+
+
+def resolved_rules(built) -> set[str]:
+    from .compat import backend
+
+    tp, ep = backend().merged_plans(built.model)
+    return set(tp) | set(ep)
+
+
+def is_layout_divergence(result: ParityResult) -> bool:
     """Whether a failed parity run diverged at a fused or packed split (TPA501) rather than elsewhere (TPA502)."""
-    return False
+    return bool(result.fused)
+
+
+def _plan(built) -> dict | None:
+    return built.base_plan if built.active_override is not None else None
+
+
+def _keys(built):
+    tensors = built.source.tensors
+    return [t.name for t in tensors] if tensors is not None else None

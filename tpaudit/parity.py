@@ -86,34 +86,6 @@ BATCH = 2
 SPECIAL_TOKEN_SLOTS = 16
 MIN_VOCAB = 64
 
-TPA502_DOC = """A style that does not fit how the model uses the module: the sharded forward diverges.
-
-**What it detects**
-The parity check (`tpaudit check --parity`) loaded a small model of the same architecture on `tp_size` ranks with
-the plan under review, ran the same tokens through it and through the unsharded model, and the first module whose
-output differs (or the one running when a rank raised) was split by a rule that is not a fused or packed projection:
-a colwise-colwise chain with no reduction (`o_proj: colwise` after colwise `q/k/v_proj`), a rowwise module fed a
-whole input (`q_proj: rowwise`), a module that receives a split input but has no rule, or a projection split through
-the middle of a head.
-
-**Why it matters**
-The ranks either crash at the first forward (a shape mismatch) or, worse, return numbers that are not the model's:
-a missing all-reduce leaves each rank with a partial sum, and nothing fails at load.
-
-**Example**
-`{"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise", "layers.*.self_attn.v_proj":
-"colwise", "layers.*.self_attn.o_proj": "colwise"}`: `o_proj` receives each rank's heads but splits its output
-instead of reducing its input, and the forward fails with `mat1 and mat2 shapes cannot be multiplied`.
-
-**Fix**
-Pair the styles: a `colwise` (or `packed_colwise`) projection is followed by a `rowwise` one that sums the partial
-results (`o_proj`, `down_proj`); a module whose input is whole uses `colwise`, or `rowwise_split_input`; split heads
-only when `tp_size` divides them.
-
-**References**
-transformers `distributed/tensor_parallel.py` (`ColwiseParallel`, `RowwiseParallel`); the parity check in
-`tpaudit/parity.py`.
-"""
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -669,7 +641,9 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
     """
     import torch
 
-    from ._compat import quiet_libraries
+    from .compat import backend
+
+    quiet_libraries = backend().quiet
 
     cls = _resolve_class(model_class)
     work, cls, scope, _ = _text_route(config, cls)
@@ -1187,7 +1161,9 @@ def _run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float) ->
     import torch
     from transformers.distributed import DistributedConfig
 
-    from ._compat import quiet_libraries
+    from .compat import backend
+
+    quiet_libraries = backend().quiet
     from .compat import parity as compat
 
     world = max(tp_size, ep_size)

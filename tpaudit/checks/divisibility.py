@@ -187,7 +187,8 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
             shares.setdefault(layer.kv_heads, [layer.kv_heads * x for x in local])
     cfg = ctx.text_config
     for heads, indices in sorted(bad.items()):
-        attr, attr_value = attribute_for(cfg, "key_value_heads", heads, "num_key_value_heads")
+        raw = ctx.source.config.get(ctx.plan_owner) if ctx.plan_owner else ctx.source.config
+        attr, attr_value = attribute_for(cfg, "key_value_heads", heads, "num_key_value_heads", raw)
         target = ctx.config_target(attr)
         exact = shares[heads]
         text = " / ".join(f"{h:.3g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.3g} .. {min(exact):.3g}"

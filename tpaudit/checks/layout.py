@@ -46,7 +46,7 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     if tp <= 1:
         return
     parity = ctx.parity
-    if parity is not None and getattr(parity, "ran", False):
+    if parity is not None and parity.ran:
         yield from _parity_layout_findings(ctx, parity)
     else:
         yield from _suspected_layouts(ctx)
@@ -110,27 +110,45 @@ def _suspected_layouts(ctx: CheckContext) -> Iterable[Finding]:
 def _parity_layout_findings(ctx: CheckContext, parity) -> Iterable[Finding]:
     """With the parity check: its divergence at a fused/packed split is the error; a clean run clears every
     suspicion. (A divergence elsewhere is TPA502.)"""
-    from ..evidence import is_layout_divergence
+    from ..parity import parity_findings
 
-    if not parity.passed and is_layout_divergence(parity):
-        target = parity.first_divergent_module or parity.rule or "model"
-        what = (f"max abs error {parity.max_abs_error:.3g}" if parity.max_abs_error is not None
-                else f"the forward fails: {parity.error}")
-        yield Finding(
-            code="TPA501", kind="packed_layout", severity="error", target=target,
-            message=(f"`{target}` is a fused/packed projection that rule `{parity.rule}: {parity.style}` splits "
-                     f"without respecting its parts: the sharded forward of a small {ctx.architecture} at tp_size "
-                     f"{parity.tp_size} diverges from the unsharded one first at this module ({what})"),
-            fix=_layout_fix(parity.style),
-            facts={"evidence": "parity", "module": target, "rule": parity.rule, "style": parity.style,
-                   **({"max_abs_error": parity.max_abs_error} if parity.max_abs_error is not None
-                      else {"exception": parity.error})})
+    yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA501")
     yield from _quant_packing(ctx)
 
 
-def _layout_fix(style: str | None) -> str:
-    if style == "colwise":
-        return "Use packed_colwise if the parts are two equal concatenated halves, else colwise_gather_output"
-    if style == "packed_colwise":
-        return "Use colwise_gather_output (the parts are not two equal concatenated halves)"
-    return "Use colwise_gather_output for this projection"
+@rule("TPA502", "style_mismatch")
+def check_style_mismatch(ctx: CheckContext) -> Iterable[Finding]:
+    """A style that does not fit how the model uses the module: the sharded forward diverges.
+
+**What it detects**
+The parity check (`tpaudit check --parity`) loaded a small model of the same architecture on `tp_size` ranks with
+the plan under review, ran the same tokens through it and through the unsharded model, and the first module whose
+output differs (or the one running when a rank raised) was split by a rule that is not a fused or packed projection:
+a colwise-colwise chain with no reduction (`o_proj: colwise` after colwise `q/k/v_proj`), a rowwise module fed a
+whole input (`q_proj: rowwise`), a module that receives a split input but has no rule, or a projection split through
+the middle of a head.
+
+**Why it matters**
+The ranks either crash at the first forward (a shape mismatch) or, worse, return numbers that are not the model's:
+a missing all-reduce leaves each rank with a partial sum, and nothing fails at load.
+
+**Example**
+`{"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise", "layers.*.self_attn.v_proj":
+"colwise", "layers.*.self_attn.o_proj": "colwise"}`: `o_proj` receives each rank's heads but splits its output
+instead of reducing its input, and the forward fails with `mat1 and mat2 shapes cannot be multiplied`.
+
+**Fix**
+Pair the styles: a `colwise` (or `packed_colwise`) projection is followed by a `rowwise` one that sums the partial
+results (`o_proj`, `down_proj`); a module whose input is whole uses `colwise`, or `rowwise_split_input`; split heads
+only when `tp_size` divides them.
+
+**References**
+transformers `distributed/tensor_parallel.py` (`ColwiseParallel`, `RowwiseParallel`); the parity check in
+`tpaudit/parity.py`.
+"""
+    parity = ctx.parity
+    if parity is None or not getattr(parity, "ran", False):
+        return
+    from ..parity import parity_findings
+
+    yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA502")

@@ -15,7 +15,7 @@ takes a few private pieces, all here:
   once their device mesh exists: the contexts `get_init_context` returns patch process-wide state
   (`PreTrainedModel.tie_weights`, `torch.linspace`, the default dtype), which another rank's load would read.
 
-Outside the tested range these may change; `tpaudit._compat.check_versions` guards the range for the whole tool.
+Outside the tested releases these may change; the seam's capability probes (`compat.backend()`) guard the whole tool.
 """
 
 from __future__ import annotations
