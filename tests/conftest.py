@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pytest
 
+# Hermetic caches: tpaudit's caches (Hub headers, sibling plans, batch results) live under HF_HOME; a test session
+# gets its own, set before anything (or any CLI subprocess, which inherits it) reads it.
+if "TPAUDIT_TEST_KEEP_HF_HOME" not in os.environ:
+    import tempfile
+
+    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="tpaudit-tests-hf-home-")
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 CASES = FIXTURES / "cases"
@@ -89,3 +96,13 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
 @pytest.fixture
 def fixture_path():
     return lambda name: str(FIXTURES / f"{name}.snapshot.json.gz")
+
+
+@pytest.fixture(scope="session")
+def full_scan(tmp_path_factory):
+    """One `tpaudit scan --tp 4` of the whole zoo per test session (about 40 s on 2 cores), shared by the tests that
+    read it. A full scan is a survey: exit 0 without --strict."""
+    out = tmp_path_factory.mktemp("full-scan") / "scan.json"
+    proc = run_cli("scan", "--tp", "4", "--format", "json", "-o", str(out), "--jobs", "2", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())

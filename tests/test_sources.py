@@ -85,7 +85,7 @@ def test_hub_ids_are_recognised(ref, kind):
     assert classify_reference(ref) == kind
 
 
-@pytest.mark.parametrize("ref", ["just-a-name", "a/b/c", "./missing/dir", "org/name.json", "../x"])
+@pytest.mark.parametrize("ref", ["just-a-name", "a/b/c", "./missing/dir", "org/name.json", "../tpaudit-no-such-sibling-7f3a"])
 def test_unrecognised_references(ref):
     from tpaudit.errors import ModelReferenceError
     from tpaudit.sources import classify_reference

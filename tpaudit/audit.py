@@ -41,7 +41,8 @@ class Audit:
         self.built: BuiltModel = build_model(source, self.options)
 
     def report(self, sizes: ParallelSizes, *, plan: dict[str, str] | None = None, options: CheckOptions | None = None,
-               dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None) -> Report:
+               dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None,
+               proposed: bool | None = None) -> Report:
         """Resolve, simulate and check one option.
 
         Args:
@@ -53,6 +54,8 @@ class Audit:
             parity (`"auto" | "on" | "off"`): run the sharded-forward parity check when the plan needs evidence
                 (`auto`), always (`on`, `--parity`), or never (`off`, `--no-parity`).
             plan_path (`str`, *optional*): the `--plan` file, where plan findings point.
+            proposed (`bool`, *optional*): the plan is under review and gets the parity check in any case (default:
+                when a plan is given here or was given at build time, `--plan`).
 
         Returns:
             `Report`.
@@ -66,8 +69,9 @@ class Audit:
         built.use_plan(plan)
         resolved = resolve_plan(built, sizes, dist_overrides)
         shard_map = simulate(built, resolved)
-        evidence = self._parity(resolved, shard_map, parity, proposed=plan is not None or
-                                self.options.plan_override is not None)
+        if proposed is None:
+            proposed = plan is not None or self.options.plan_override is not None
+        evidence = self._parity(resolved, shard_map, parity, proposed=proposed)
         ctx = CheckContext(built=built, plan=resolved, shard_map=shard_map, options=options, parity=evidence)
         findings = locate(run_checks(ctx), built, resolved, plan_path)
         return Report(model=_model_info(built), shard_map=shard_map, replicated=replicated_families(shard_map, findings),
@@ -192,7 +196,8 @@ def _quoted_lines(path: str) -> dict[str, int]:
 def audit_source(source: ModelSource, *, tp_size: int, ep_size: int = 1, plan_override: dict | None = None,
                  architecture: str | None = None, trust_remote_code: bool = False, dtype: str | None = None,
                  options: CheckOptions | None = None, config=None, instance_plans: dict | None = None,
-                 dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None) -> Report:
+                 dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None,
+               proposed: bool | None = None) -> Report:
     """One report for one option: `Audit(source, ...).report(...)` (for callers that check one option).
 
     Raises:

@@ -334,6 +334,25 @@ class ParamGroup:
 
 
 @dataclass(frozen=True)
+class ModuleFamily:
+    """The parameters of one module block (`model.layers.*.mlp`), summed.
+
+    Attributes:
+        name (`str`), params (`int`): the block and how many generic parameter names it has.
+        styles (`tuple[str, ...]`): the styles that split them (`-` for none).
+        worst_rank_bytes (`int`), total_bytes (`int`), replicated_bytes (`int`): on the worst rank, whole, and whole on
+            every rank because nothing shards them.
+    """
+
+    name: str
+    params: int
+    styles: tuple[str, ...]
+    worst_rank_bytes: int
+    total_bytes: int
+    replicated_bytes: int
+
+
+@dataclass(frozen=True)
 class ShardMap:
     """Every parameter of the model and its shard on every rank, and the groupings every later stage reads.
 
@@ -383,6 +402,25 @@ class ShardMap:
     @property
     def worst_rank_param_bytes(self) -> int:
         return self.rank_param_bytes[self.worst_rank]
+
+    def module_families(self) -> list["ModuleFamily"]:
+        """Parameters by the module block they sit in (`model.layers.*.self_attn` for
+        `model.layers.*.self_attn.q_proj.weight`), largest on the worst rank first: the terminal's collapsed table."""
+        worst = self.worst_rank
+        buckets: OrderedDict[str, list[ParamGroup]] = OrderedDict()
+        for g in self.groups:
+            parts = g.generic_name.split(".")
+            buckets.setdefault(".".join(parts[:-2]) if len(parts) > 2 else parts[0], []).append(g)
+        out = []
+        for name, groups in buckets.items():
+            counted = [g for g in groups if g.tied_to is None]
+            out.append(ModuleFamily(
+                name=name, params=len(groups), styles=tuple(sorted({g.style or "-" for g in groups})),
+                worst_rank_bytes=sum(g.rank_bytes[worst] for g in counted),
+                total_bytes=sum(g.total_bytes for g in counted),
+                replicated_bytes=sum(g.total_bytes for g in counted if g.sharding == "unsharded")
+                if self.world_size > 1 else 0))
+        return sorted(out, key=lambda f: (-f.worst_rank_bytes, f.name))
 
     def members(self, group: ParamGroup) -> list[ParamShard]:
         """Every parameter of `group` (model order)."""

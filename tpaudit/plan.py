@@ -40,6 +40,7 @@ class ResolvedPlan:
         plan_owner (`str`): the config that owns `base_model_tp_plan` (`text_config`, or `""` for the top config).
         loader_errors (`tuple[str, ...]`): what `from_pretrained` itself would raise for this plan (an empty TP plan).
         dist_overrides (`dict`, *optional*): `DistributedConfig(tp_plan=..., ep_plan=...)` overrides that were merged.
+        resolution (`tuple`, *optional*): transformers' own return value, handed to the simulation (opaque).
     """
 
     sizes: ParallelSizes
@@ -56,6 +57,7 @@ class ResolvedPlan:
     plan_owner: str
     loader_errors: tuple[str, ...] = field(default=())
     dist_overrides: dict | None = None
+    resolution: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def tp_size(self) -> int:
@@ -132,9 +134,10 @@ def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None
     applied_ep: dict[str, str] = {}
     loader_errors: list[str] = []
     tp_rules, ep_rules = tf.merged_plans(model)
+    resolution = None
     if sizes.parallel:
         try:
-            applied_tp, applied_ep, tp_rules, ep_rules = tf.resolve_plans(model, dc)
+            applied_tp, applied_ep, tp_rules, ep_rules, resolution = tf.resolve_plans(model, dc)
         except EmptyPlanError as e:
             if e.plan != "tp":
                 raise UsageError(f"transformers refuses ep_size={sizes.ep_size} for {built.architecture}: "
@@ -158,7 +161,7 @@ def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None
                         dropped_tp_rules=dropped, injected_rules=injected,
                         override=built.active_override,
                         text_prefix=prefix, plan_owner=built.plan_owner, loader_errors=tuple(loader_errors),
-                        dist_overrides=dist_overrides)
+                        dist_overrides=dist_overrides, resolution=resolution)
 
 
 __all__ = ["ResolvedPlan", "resolve_plan", "generic_name"]

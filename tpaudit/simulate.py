@@ -38,7 +38,7 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
     if sizes.parallel and not plan.loader_errors:
         dc = tf.distributed_config(sizes.tp_size, sizes.ep_size, plan.dist_overrides)
         try:
-            sharded = tf.shard(built.model, dc, sizes.tp_size, sizes.ep_size)
+            sharded = tf.shard(built.model, dc, sizes.tp_size, sizes.ep_size, plan.resolution)
         except PlanRejectedError as e:
             raise UsageError(f"transformers refuses to shard this model at tp_size {sizes.tp_size}, ep_size "
                              f"{sizes.ep_size}: {e.detail}") from None

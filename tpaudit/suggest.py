@@ -11,14 +11,29 @@ there wins. A parameter of a module (`experts.gate_up_proj`) also brings the mod
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 
 @functools.lru_cache(maxsize=1)
 def sibling_plans() -> dict[str, dict[str, str]]:
-    """model_type -> `base_model_tp_plan` of every config class transformers registers that has one (a few seconds:
-    it imports every config module)."""
+    """model_type -> `base_model_tp_plan` of every config class transformers registers that has one.
+
+    Reading them imports every configuration module (about 6 s on 2 cores), so the table is kept on disk for the
+    installed transformers: `$HF_HOME/tpaudit/sibling-plans/<version>-<where>.json`, keyed by the release and the path
+    and modification time of its `models/` folder (an editable checkout that changes gets a new table). A cache that
+    cannot be read or written is ignored.
+    """
+    path = _plans_cache_path()
+    if path is not None:
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(cached, dict) and all(isinstance(v, dict) for v in cached.values()):
+                return cached
+        except (OSError, ValueError):
+            pass
     from .compat import backend
 
     tf = backend()
@@ -32,7 +47,34 @@ def sibling_plans() -> dict[str, dict[str, str]]:
                 continue
             if isinstance(plan, dict) and plan:
                 out[model_type] = dict(plan)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(out), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass
     return out
+
+
+def _plans_cache_path():
+    import hashlib
+    from pathlib import Path
+
+    import transformers
+    from huggingface_hub import constants
+
+    from .compat import installed_version
+
+    models = Path(transformers.__file__).parent / "models"
+    try:
+        stamp = f"{models}:{models.stat().st_mtime_ns}"
+    except OSError:
+        return None
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:12]
+    home = Path(os.environ.get("HF_HOME") or constants.HF_HOME).expanduser()
+    return home / "tpaudit" / "sibling-plans" / f"{installed_version('transformers')}-{key}.json"
 
 
 @dataclass
@@ -173,7 +215,9 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
                if f.is_transposed or f.is_concatenated is False}
 
     def rerun(plan):
-        return audit.report(sizes, plan=plan, options=options, dist_overrides=dist_overrides)
+        # A candidate is re-simulated; the parity check runs only where its layouts need evidence (the candidate's
+        # rules are transformers' own styles for the same kind of module in sibling architectures).
+        return audit.report(sizes, plan=plan, options=options, dist_overrides=dist_overrides, proposed=False)
 
     def summary(r) -> dict:
         return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,

@@ -147,8 +147,27 @@ transformers `distributed/tensor_parallel.py` (`ColwiseParallel`, `RowwiseParall
 `tpaudit/parity.py`.
 """
     parity = ctx.parity
-    if parity is None or not getattr(parity, "ran", False):
+    if parity is None or not parity.ran or _explained_by_head_counts(ctx, parity):
         return
     from ..parity import parity_findings
 
     yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA502")
+
+
+def _explained_by_head_counts(ctx: CheckContext, parity) -> bool:
+    """The divergence is a head split that TPA101/TPA102 already report from the config: the blamed module is a key
+    projection of a layer whose KV heads `tp_size` does not divide, or a query/output projection while the attention
+    heads do not divide. One problem, one finding."""
+    from ..configs import values
+    from ..kvcache import key_projections, kv_layers
+    from ._shapes import role
+
+    blamed = parity.first_divergent_module or ""
+    tp = ctx.shard_map.tp_size
+    kv = {layer.index: layer.kv_heads for layer in kv_layers(ctx.text_config)}
+    for index, key in key_projections(ctx.shard_map, ctx.text_prefix).items():
+        if blamed in (key.name, key.name.rpartition(".")[0]) and kv.get(index, 0) % tp:
+            return True
+    group = next((g for g in ctx.shard_map.groups if g.generic_name.rpartition(".")[0] == blamed), None)
+    heads = [h for h in values(ctx.text_config, "num_attention_heads") if isinstance(h, int)]
+    return group is not None and role(group.first) in ("q", "o", "qkv") and any(h % tp for h in heads)

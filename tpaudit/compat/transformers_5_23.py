@@ -64,6 +64,7 @@ class Transformers523:
         Capability("transformers.modeling_utils", "str_to_torch_dtype"),
         Capability("transformers.quantizers.auto", "AutoHfQuantizer.from_config", ("quantization_config",)),
         Capability("transformers.utils.generic", "ContextManagers"),
+        Capability("transformers.initialization", "no_init_weights"),
         Capability("transformers.models.auto.configuration_auto", "CONFIG_MAPPING"),
         Capability("transformers.models.auto.modeling_auto", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
         Capability("transformers.models.auto.modeling_auto", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
@@ -338,10 +339,14 @@ class Transformers523:
             Exception: whatever the model's `__init__` raises for this config (the caller turns it into a
                 `ConfigError`).
         """
+        from transformers import initialization
         from transformers.utils.generic import ContextManagers
 
         error = None
-        with self.quiet(), ContextManagers(cls.get_init_context(dtype, quantizer is not None, False, None)):
+        # `no_init_weights`: meta tensors hold no values, so the loader's weight initialisation only costs time here
+        # (shapes, dtypes, ties and plans are set in `__init__` and `post_init`, which still run).
+        contexts = cls.get_init_context(dtype, quantizer is not None, False, None) + [initialization.no_init_weights()]
+        with self.quiet(), ContextManagers(contexts):
             model = cls(config)
             if quantizer is not None:
                 try:
@@ -587,7 +592,7 @@ class Transformers523:
         except (ValueError, TypeError) as e:
             raise PlanRejectedError(_first_line(str(e), 400)) from None
 
-    def resolve_plans(self, model, dc) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str]]:
+    def resolve_plans(self, model, dc) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str], tuple]:
         """The concrete TP and EP plans `from_pretrained` applies: overrides merged, EP rules winning over TP rules on
         the same modules, `*` expanded into layer numbers; and the merged plans with the overrides.
 
@@ -595,7 +600,8 @@ class Transformers523:
         place), so the same model serves the next option.
 
         Returns:
-            `(applied_tp, applied_ep, merged_tp, merged_ep)`.
+            `(applied_tp, applied_ep, merged_tp, merged_ep, raw)`: `raw` is transformers' own return value, handed
+            back to `shard` so that `maybe_distribute_model` does not resolve the same plans a second time.
 
         Source: transformers 5.23 `DistributedMixin._resolve_parallel_plans`.
 
@@ -607,7 +613,8 @@ class Transformers523:
         saved = {k: model.__dict__[k] for k in keys if k in model.__dict__}
         try:
             with self.quiet():
-                tp, ep, _ = model._resolve_parallel_plans(dc)
+                raw = model._resolve_parallel_plans(dc)
+            tp, ep, _ = raw
             merged_tp, merged_ep = self.merged_plans(model)
         except ValueError as e:
             text = str(e)
@@ -621,7 +628,7 @@ class Transformers523:
                     model.__dict__[k] = saved[k]
                 else:
                     model.__dict__.pop(k, None)
-        return dict(tp), dict(ep), merged_tp, merged_ep
+        return dict(tp), dict(ep), merged_tp, merged_ep, raw
 
     def model_names(self, model) -> set[str]:
         """Generic names (layer numbers as `*`) of every module and parameter: what a rule key must name.
@@ -634,12 +641,17 @@ class Transformers523:
     # ------------------------------------------------------------------------------------------------------------------
     # Sharding on a fake process group
     # ------------------------------------------------------------------------------------------------------------------
-    def shard(self, model, dc, tp_size: int, ep_size: int) -> list[ShardedParam]:
+    def shard(self, model, dc, tp_size: int, ep_size: int, resolved: tuple | None = None) -> list[ShardedParam]:
         """Shard `model` with the loader's own `maybe_distribute_model` as rank 0 of a single-process fake process
         group, read every parameter's placements and every rank's local shape, and put the model back as it was.
 
         The model is not consumed: every module's attributes, parameters, buffers, submodules and hooks are restored
         after the sharding, so the same meta model serves every (tp_size, ep_size) option of a run.
+
+        Args:
+            resolved (`tuple`, *optional*): what `resolve_plans` got from `_resolve_parallel_plans` for the same model
+                and sizes; `maybe_distribute_model` then uses it instead of resolving again (same model, same config,
+                a moment later: the same answer, half the work).
 
         Returns:
             One `ShardedParam` per parameter, in `named_parameters(remove_duplicate=False)` order (tied copies
@@ -660,6 +672,8 @@ class Transformers523:
 
                 dense = _torch.device_mesh((1, 1, 1, tp_size), ("pp", "dp_replicate", "fsdp", "tp"))
                 expert = _torch.device_mesh((1, 1, dc.efsdp_size, ep_size), ("pp", "dp_replicate", "efsdp", "ep"))
+                if resolved is not None:  # undone by the restore below, like every other attribute
+                    model.__dict__["_resolve_parallel_plans"] = lambda _config: resolved
                 try:
                     sharded = type(model).maybe_distribute_model(model, dc, TransformersDeviceMesh(dense, expert))
                 except ValueError as e:

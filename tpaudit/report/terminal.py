@@ -6,8 +6,6 @@ snippets (`--suggest`) are printed unwrapped."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
@@ -100,42 +98,26 @@ def _replicated_table(report: Report, unit: str) -> Table:
     return t
 
 
-def _family(name: str) -> str:
-    """`model.layers.*.self_attn.q_proj.weight` -> `model.layers.*.self_attn`: the module block a parameter sits in."""
-    parts = name.split(".")
-    return ".".join(parts[:-2]) if len(parts) > 2 else parts[0]
-
-
 def _families_table(report: Report, unit: str, rows: int) -> Table:
     sm = report.shard_map
-    worst = sm.worst_rank
-    buckets: OrderedDict[str, list] = OrderedDict()
-    for g in report.groups:
-        buckets.setdefault(_family(g.generic_name), []).append(g)
-    entries = []
-    for fam, groups in buckets.items():
-        counted = [g for g in groups if g.tied_to is None]
-        whole = sum(g.total_bytes for g in counted)
-        rank = sum(g.rank_bytes[worst] for g in counted)
-        styles = sorted({g.style or "-" for g in groups})
-        replicated = sum(g.total_bytes for g in counted if g.sharding == "unsharded") if sm.world_size > 1 else 0
-        entries.append((rank, fam, len(groups), styles, whole, replicated))
-    entries.sort(key=lambda e: (-e[0], e[1]))
-    t = Table(title=f"Parameters by module family, largest on rank {worst} first (--params for every parameter)",
-              title_justify="left", header_style="bold")
-    t.add_column(f"rank {worst}", justify="right")
+    families = sm.module_families()
+    t = Table(title=f"Parameters by module family, largest on rank {sm.worst_rank} first (--params all for every "
+                    "parameter)", title_justify="left", header_style="bold")
+    t.add_column(f"rank {sm.worst_rank}", justify="right")
     t.add_column("whole", justify="right")
     t.add_column("family", overflow="fold")
     t.add_column("params", justify="right")
     t.add_column("styles", overflow="fold")
     t.add_column("replicated", justify="right")
-    for rank, fam, n, styles, whole, replicated in entries[:rows]:
-        t.add_row(format_bytes(rank, unit), format_bytes(whole, unit), fam, str(n), ", ".join(styles),
-                  Text(format_bytes(replicated, unit), style="red") if replicated else Text("-", style="dim"))
-    if len(entries) > rows:
-        rest = entries[rows:]
-        t.add_row(format_bytes(sum(e[0] for e in rest), unit), format_bytes(sum(e[4] for e in rest), unit),
-                  Text(f"and {len(rest)} more families", style="dim"), str(sum(e[2] for e in rest)), "", "")
+    for f in families[:rows]:
+        t.add_row(format_bytes(f.worst_rank_bytes, unit), format_bytes(f.total_bytes, unit), f.name, str(f.params),
+                  ", ".join(f.styles), Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes
+                  else Text("-", style="dim"))
+    if len(families) > rows:
+        rest = families[rows:]
+        t.add_row(format_bytes(sum(f.worst_rank_bytes for f in rest), unit),
+                  format_bytes(sum(f.total_bytes for f in rest), unit),
+                  Text(f"and {len(rest)} more families", style="dim"), str(sum(f.params for f in rest)), "", "")
     return t
 
 
