@@ -85,3 +85,44 @@ def test_verify_table():
                           model={"ref": "m"})
     text = draw(render_terminal, result)
     assert "MISMATCH" in text and "-4" in text and "model.norm.weight" in text and "absent" in text
+    assert "1.00 MiB" in text and "(GiB)" not in text          # each size carries its own unit
+
+
+def test_parity_line_says_what_happened_never_diverges_when_it_did_not_run():
+    from tpaudit.parity import ParityResult
+    from tpaudit.report.wording import parity_verdict
+
+    skipped = ParityResult(ran=False, reason="not needed: no fused split", tp_size=4)
+    assert parity_verdict(skipped) == ("skipped", "not run (not needed: no fused split)")
+    raised = ParityResult(ran=True, reason="", tp_size=8, passed=False, error="rank 0: RuntimeError: bad view",
+                          observed_at="model.layers.*.self_attn", modules_compared=6, max_abs_error=0.5)
+    kind, text = parity_verdict(raised)
+    assert kind == "error" and "rank 0: RuntimeError: bad view" in text and "model.layers.*.self_attn" in text
+    assert "DIVERGES" not in text
+    wrong = ParityResult(ran=True, reason="", tp_size=2, passed=False, max_abs_error=4.08, modules_compared=12,
+                         first_divergent_module="model.layers.*.mlp.gate_up_proj")
+    assert parity_verdict(wrong)[0] == "fail" and "DIVERGES at `model.layers.*.mlp.gate_up_proj`" in \
+        parity_verdict(wrong)[1] and "max abs error 4.1" in parity_verdict(wrong)[1]
+    ok = ParityResult(ran=True, reason="", tp_size=2, passed=True, max_abs_error=1e-7, modules_compared=9)
+    assert parity_verdict(ok)[0] == "pass" and "matches the unsharded model" in parity_verdict(ok)[1]
+    # a real report with the parity check switched off: the table and the Markdown say "not run"
+    from tpaudit.report import get
+
+    report = audit(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp=8)
+    assert report.parity is not None and report.parity.ran is False
+    table = draw(get("check", "table").fn, report)
+    markdown = get("check", "markdown").fn(report)
+    for text in (table, markdown):
+        assert "not run (switched off (--no-parity)" in text and "diverge" not in text.lower()
+
+
+def test_uneven_ranks_are_summed_up_in_exact_bytes():
+    from tpaudit.report.wording import rank_spread
+
+    assert rank_spread([7, 7, 7]) == "every rank the same (3 ranks)"
+    assert rank_spread([10, 7, 10, 9], "GiB") == "uneven (3 different sizes): lightest rank 1 holds 3 B (3 B) less"
+    # Granite 3.3 8B at tp 5: vocab 49,159 rows -> rank 4 holds fewer embedding rows than ranks 0-3
+    report = audit(str(FIXTURES / "granite-3.3-8b-instruct.snapshot.json.gz"), tp=5)
+    ranks = report.shard_map.rank_param_bytes
+    assert ranks[0] == max(ranks) and ranks[4] == min(ranks)
+    assert f"lightest rank 4 holds {max(ranks) - min(ranks):,} B" in rank_spread(ranks)

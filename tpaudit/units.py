@@ -53,11 +53,11 @@ def format_bytes(n: int, unit: str = "GiB", digits: int = 2) -> str:
 
 
 def unit_legend(unit: str = "GiB") -> str:
-    """`"sizes in binary units: KiB, MiB, GiB = 2^10, 2^20, 2^30 B"` (or the decimal family for `"GB"`): each printed
+    """`"binary units: KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes"` (or the decimal family for `"GB"`): each printed
     size carries its unit; this says which family they belong to."""
     if unit.lower().endswith("ib"):
-        return "sizes in binary units (KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes)"
-    return "sizes in decimal units (KB, MB, GB = 10^3, 10^6, 10^9 bytes)"
+        return "binary units: KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes"
+    return "decimal units: KB, MB, GB = 10^3, 10^6, 10^9 bytes"
 
 
 def plural(n: int, word: str) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from .wording import parity_verdict, rank_spread
 from . import renderer
 
 _ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
+_PARITY_ICON = {"pass": "✅", "fail": "❌", "error": "❌", "skipped": "➖", "inconclusive": "⚠️"}
 
 
 def _cell(text: str) -> str:
@@ -29,8 +31,7 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
              f"| model | `{_cell(m.get('architecture'))}` ({_cell(m.get('model_type'))}, {m.get('dtype')}) |",
              f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]
     ranks = sm.rank_param_bytes
-    spread = "every rank the same" if len(set(ranks)) == 1 else \
-        ", ".join(f"r{r}: {format_bytes(b, unit)}" for r, b in enumerate(ranks))
+    spread = rank_spread(ranks, unit)
     lines.append(f"| worst rank (rank {sm.worst_rank}) | {format_int(sm.worst_rank_param_bytes)} B "
                  f"({format_bytes(sm.worst_rank_param_bytes, unit)}); {spread} |")
     if sm.world_size > 1:
@@ -42,10 +43,8 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
         lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({kv.dtype}; KV heads per rank: "
                      f"{kv.kv_heads_per_rank}) |")
     if report.parity is not None:
-        p = report.parity
-        verdict = "matches the unsharded model" if p.passed else "**diverges**"
-        lines.append(f"| parity (sharded forward, tp_size {p.tp_size}) | {verdict}; {p.modules_compared} modules "
-                     f"compared |")
+        kind, sentence = parity_verdict(report.parity)
+        lines.append(f"| parity | {_PARITY_ICON[kind]} {_cell(sentence)} |")
     if report.findings:
         lines += ["", "#### Findings", "", "| | code | target | message | fix |", "|---|---|---|---|---|"]
         for f in report.findings[:max_rows]:

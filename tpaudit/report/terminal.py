@@ -14,9 +14,11 @@ from rich.text import Text
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from .wording import parity_verdict, rank_spread
 from . import renderer
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+_PARITY_STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skipped": "dim", "inconclusive": "yellow"}
 _SHARDING_MARK = {"sharded": "", "replicated_by_rule": "=", "unsharded": "✗"}
 FAMILY_ROWS = 12
 REPLICATED_ROWS = 8
@@ -41,12 +43,7 @@ def _summary(report: Report, unit: str) -> Table:
     t.add_row("model bytes", f"{format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)})")
     ranks = sm.rank_param_bytes
     worst = sm.worst_rank
-    if len(set(ranks)) == 1:
-        spread = f"every rank the same ({len(ranks)} ranks)"
-    else:
-        spread = "uneven: " + ", ".join(f"r{r} {format_bytes(b, unit)}" for r, b in enumerate(ranks[:16]))
-        if len(ranks) > 16:
-            spread += ", ..."
+    spread = rank_spread(ranks, unit)
     t.add_row(f"worst rank (rank {worst})",
               f"{format_int(ranks[worst])} B ({format_bytes(ranks[worst], unit)}); {spread}")
     if sm.world_size > 1:
@@ -58,11 +55,8 @@ def _summary(report: Report, unit: str) -> Table:
     if report.versions.get("untested"):
         t.add_row("transformers", Text(report.versions["untested"], style="yellow"))
     if report.parity is not None:
-        p = report.parity
-        verdict = "matches the unsharded model" if p.passed else "DIVERGES"
-        t.add_row("parity", f"sharded forward at tp_size {p.tp_size} {verdict}"
-                            + (f" (max abs error {p.max_abs_error:.2g})" if p.max_abs_error is not None else "")
-                            + f", {p.modules_compared} modules compared, {p.seconds:.1f} s")
+        kind, sentence = parity_verdict(report.parity)
+        t.add_row("parity", Text(sentence, style=_PARITY_STYLE[kind]))
     return t
 
 

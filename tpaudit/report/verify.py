@@ -18,7 +18,7 @@ def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: 
     console.print(Text(f"tpaudit verify · {result.model.get('ref')} · tp_size {result.tp_size}, ep_size "
                        f"{result.ep_size} · ", style="bold") + verdict)
     t = Table(header_style="bold")
-    for col in ("rank", "predicted param bytes", "measured param bytes", "diff", f"allocated ({unit})", "load s"):
+    for col in ("rank", "predicted param bytes", "measured param bytes", "diff", "allocated", "load s"):
         t.add_column(col, justify="right")
     for r in result.ranks:
         diff = r["measured_param_bytes"] - r["predicted_param_bytes"]
