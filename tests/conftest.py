@@ -25,6 +25,14 @@ FIXTURES = ROOT / "fixtures"
 CASES = FIXTURES / "cases"
 
 
+def transformers_release() -> tuple[int, int]:
+    """(major, minor) of the installed transformers: 5.24 changed some models' shipped plans and dtypes."""
+    from importlib.metadata import version
+
+    major, minor = version("transformers").split(".")[:2]
+    return int(major), int(minor)
+
+
 def read_json_any(path: Path):
     """Read a JSON or gzip-JSON file with the standard library only (independent of tpaudit's readers)."""
     raw = path.read_bytes()
@@ -74,6 +82,17 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["tpaudit", *args], code, out.getvalue(), err.getvalue())
 
 
+def run_env(*args: str, env: dict | None = None, timeout: int | None = None) -> subprocess.CompletedProcess:
+    """`run_main` with environment variables set for the call (as `run_cli(..., env=...)` gives a subprocess), for
+    tests that need the environment (HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE, HF_TOKEN) but not a new interpreter.
+    tpaudit reads these variables when it opens a source, not at import."""
+    from unittest import mock
+
+    del timeout
+    with mock.patch.dict(os.environ, {k: v for k, v in (env or {}).items()}):
+        return run_main(*args)
+
+
 def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: bool = False, parity: str = "off",
           **build_options):
     """In-process `tpaudit check` (the same pipeline as the CLI, without the interpreter start-up). The parity check
@@ -96,13 +115,3 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
 @pytest.fixture
 def fixture_path():
     return lambda name: str(FIXTURES / f"{name}.snapshot.json.gz")
-
-
-@pytest.fixture(scope="session")
-def full_scan(tmp_path_factory):
-    """One `tpaudit scan --tp 4` of the whole zoo per test session (about 40 s on 2 cores), shared by the tests that
-    read it. A full scan is a survey: exit 0 without --strict."""
-    out = tmp_path_factory.mktemp("full-scan") / "scan.json"
-    proc = run_cli("scan", "--tp", "4", "--format", "json", "-o", str(out), "--jobs", "2", timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(out.read_text())

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import FIXTURES, CASES, audit, chunk, nbytes, run_cli, snapshot_tensors
+from conftest import FIXTURES, CASES, audit, chunk, nbytes, run_cli, snapshot_tensors, transformers_release
 
 QWEN3_VL = "qwen3-vl-30b-a3b-instruct"
 
@@ -100,14 +100,22 @@ def gpt_oss_param_bytes(config: dict) -> tuple[int, int]:
     return total, v * h * 2
 
 
-def test_gpt_oss_120b_config_only_tp8_has_no_plan():
+def test_gpt_oss_120b_config_only_tp8_shards_nothing_inside_its_layers():
+    from transformers import GptOssConfig
+
     config = json.loads(__import__("gzip").decompress((FIXTURES / "gpt-oss-120b.snapshot.json.gz").read_bytes())
                         )["config"]
     total, lm_head = gpt_oss_param_bytes(config)
     report = audit(str(FIXTURES / "gpt-oss-120b.snapshot.json.gz"), tp=8)
     assert report.total_param_bytes == total
-    # Only the class-level lm_head rule applies: every rank holds all but 7/8 of the head.
-    assert report.worst_rank_param_bytes == total - lm_head + chunk(config["vocab_size"], 8, 0) * config["hidden_size"] * 2
+    # The class-level lm_head rule applies: every rank holds all but 7/8 of the head. transformers 5.24 adds
+    # {"embed_tokens": "embedding_rowwise"} to GptOssConfig's plan (5.23 has none): the embedding (same shape as the
+    # head) is then split 8 ways too. Attention and experts replicate either way.
+    head_shard = chunk(config["vocab_size"], 8, 0) * config["hidden_size"] * 2
+    embed_sharded = "embed_tokens" in (GptOssConfig.base_model_tp_plan or {})
+    assert embed_sharded == (transformers_release() >= (5, 24))
+    expected = total - lm_head + head_shard - (lm_head - head_shard if embed_sharded else 0)
+    assert report.worst_rank_param_bytes == expected
     assert report.replicated_share > 0.90
     kinds = {f.kind for f in report.findings if f.severity == "error"}
     assert "no_plan" in kinds

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import CASES, FIXTURES, audit, chunk, nbytes, snapshot_tensors
+from conftest import CASES, FIXTURES, audit, chunk, nbytes, snapshot_tensors, transformers_release
 
 QWEN3_VL = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
 
@@ -131,7 +131,16 @@ def test_unmapped_mtp_layer_deepseek_v3():
     buffers = sum(nbytes(d, s) for n, d, s in tensors if n.endswith("e_score_correction_bias") and n not in
                   {m for m, _, _ in mtp})
     assert buffers == 58 * 256 * 4
-    assert report.total_param_bytes == sum(nbytes(d, s) for _, d, s in tensors) - found[0].facts["bytes"] - buffers
+    # transformers 5.24 keeps the routers' gate.weight in float32 (DeepseekV3PreTrainedModel's
+    # _keep_in_fp32_modules_strict); the checkpoint stores it in bfloat16, so each of the 58 MoE layers' [256, 7168]
+    # router weighs 2 more bytes per element once loaded.
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3PreTrainedModel
+
+    fp32_router = "gate.weight" in (DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict or [])
+    assert fp32_router == (transformers_release() >= (5, 24))
+    upcast = 58 * 256 * 7168 * 2 if fp32_router else 0
+    assert report.total_param_bytes == (sum(nbytes(d, s) for _, d, s in tensors) - found[0].facts["bytes"] - buffers
+                                        + upcast)
     # MLA attention of deepseek_v3 has no TP rules in transformers 5.23 (a known gap)
     errors = {f.target for f in report.findings if f.code == "TPA001" and f.severity == "error"}
     assert "model.layers.*.self_attn.q_b_proj.weight" in errors
@@ -183,3 +192,40 @@ def test_missing_checkpoint_tensor(tmp_path):
     assert [(f.target, f.facts["count"], f.facts["example"]) for f in found] == [
         ("model.layers.*.mlp.up_proj.weight", 1, "model.layers.3.mlp.up_proj.weight")]
     assert found[0].severity == "warning"
+
+
+def test_fp8_fix_lists_the_tp_sizes_that_keep_whole_blocks():
+    """Qwen3-30B-A3B-FP8 (128 x 128 blocks) at tp 8: the experts' down_proj has moe_intermediate_size = 768 input
+    features = 6 blocks, whole at tp 1, 2, 3, 6 (not 4: 192 rows, not 5: uneven); k_proj has 4 KV heads x 128 = 512
+    output features = 4 blocks, whole at tp 1, 2, 4."""
+    path = str(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")
+    report = audit(path, tp=8)
+    found = {f.target.rsplit(".", 2)[-2] + "." + f.target.rsplit(".", 1)[-1]: f for f in by_code(report, "TPA202")}
+    down, k = found["experts.down_proj"], found["self_attn.k_proj"]
+    assert down.facts["aligned_tp_sizes"] == [t for t in range(1, 8) if 768 % t == 0 and (768 // t) % 128 == 0]
+    assert down.facts["aligned_tp_sizes"] == [1, 2, 3, 6] and "(1, 2, 3, 6;" in down.fix
+    assert k.facts["aligned_tp_sizes"] == [1, 2, 4] and "(1, 2, 4;" in k.fix
+
+
+@pytest.mark.slow  # builds the 1-trillion-parameter Kimi-K2.5 (384 experts x 60 layers) on the meta device
+def test_kimi_k25_per_expert_tensors_are_one_finding_not_23040():
+    """Kimi-K2.5's checkpoint stores each routed expert as compressed-tensors int4 (`experts.E.down_proj.weight_packed`,
+    `weight_scale`, `weight_shape`), while the runtime model has fused experts that the loader's conversion does not
+    fill from packed names here. One TPA301 for the whole family, with the count and bytes of the per-expert
+    tensors; the fused parameters' TPA302 points at them."""
+    import re
+
+    tensors = snapshot_tensors("kimi-k2.5")
+    per_expert = [(n, d, s) for n, d, s in tensors if re.search(r"\.layers\.\d+\.mlp\.experts\.\d+\.", n)]
+    experts = {re.search(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.", n).groups() for n, _, _ in per_expert}
+    assert len(experts) == 60 * 384
+    report = audit(str(FIXTURES / "kimi-k2.5.snapshot.json.gz"), tp=8)
+    found = by_code(report, "TPA301")
+    family = [f for f in found if f.target.endswith("mlp.experts.*.*")]
+    assert len(family) == 1 and len(found) < 10
+    assert family[0].facts["count"] == len(per_expert) and family[0].facts["roots"] == len(experts)
+    assert family[0].facts["bytes"] == sum(nbytes(d, s) for _, d, s in per_expert)
+    fused = {f.target: f for f in by_code(report, "TPA302") if ".mlp.experts." in f.target}
+    assert set(fused) == {"model.language_model.layers.*.mlp.experts.gate_up_proj",
+                          "model.language_model.layers.*.mlp.experts.down_proj"}
+    assert all(f.facts["unmapped_tensors_under_module"] and "TPA301" in f.message for f in fused.values())

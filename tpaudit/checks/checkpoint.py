@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from ..model import Finding, generic_name  # noqa: F401
+from ..model import Finding, generic_name
 from .registry import CheckContext, rule
 
 
@@ -39,21 +39,32 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     mapping = ctx.mapping
     if mapping is None or not mapping.unmapped:
         return
+    # one finding per family of missing roots: per-layer, per-expert roots (`layers.3.mlp.experts.7`) group under
+    # their generic name, so 23,040 unmapped experts are one finding, not 23,040
     groups = defaultdict(list)
     for tensor, renamed in mapping.unmapped:
-        groups[_missing_root(ctx, renamed)].append((tensor, renamed))
-    for root, members in sorted(groups.items()):
+        root = _missing_root(ctx, renamed)
+        groups[generic_name(root)].append((tensor, root))
+    for generic, members in sorted(groups.items()):
         total = sum(t.nbytes for t, _ in members)
-        first = members[0][0]
-        target = first.name if len(members) == 1 else f"{root}.*"
+        first, root = members[0]
+        roots = sorted({r for _, r in members})
+        if len(members) == 1:
+            target = first.name
+        elif len(roots) == 1:
+            target = f"{root}.*"
+        else:
+            target = f"{generic}.*"
+        where = f"`{roots[0]}`" if len(roots) == 1 else f"{len(roots):,} parts like `{generic}`"
         yield Finding(
             code="TPA301", kind="unmapped_checkpoint_tensor", severity="warning", target=target,
-            message=(f"{len(members)} checkpoint tensor(s) under `{root}` ({ctx.size(total)}, e.g. `{first.name}`) "
-                     f"map to no parameter of {ctx.architecture}: `{root}` does not exist in the model, so the loader "
-                     "drops them"),
+            message=(f"{len(members):,} checkpoint tensor(s) under {where} ({ctx.size(total)}, e.g. `{first.name}`) "
+                     f"map to no parameter of {ctx.architecture}: "
+                     f"{where + ' does not exist' if len(roots) == 1 else 'none of these parts exists'} in the "
+                     "model, so the loader drops them"),
             fix="Check that the checkpoint matches the model class; ignore if the part is unused at inference",
-            facts={"count": len(members), "bytes": total, "root": root,
-                   "examples": [t.name for t, _ in members[:5]]})
+            facts={"count": len(members), "bytes": total, "root": roots[0] if len(roots) == 1 else generic,
+                   "roots": len(roots), "examples": [t.name for t, _ in members[:5]]})
 
 
 def _missing_root(ctx: CheckContext, renamed: str) -> str:
@@ -94,12 +105,20 @@ def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     groups = defaultdict(list)
     for name in mapping.missing:
         groups[generic_name(name)].append(name)
+    # the checkpoint's unmapped tensors under the same module may be these parameters in a form the loader (or
+    # tpaudit's quantization fallback) does not map, e.g. per-expert packed int4 next to fused experts
+    unmapped_under = {generic_name(r.rsplit(".", 1)[0]) for _, r in mapping.unmapped}
     for generic, names in sorted(groups.items()):
+        module = generic.rsplit(".", 1)[0]
+        stored_elsewhere = any(u == module or u.startswith(module + ".") for u in unmapped_under)
+        message = f"{len(names)} parameter(s) `{generic}` have no checkpoint tensor: the loader initialises them"
+        if stored_elsewhere:
+            message += (f"; unmapped checkpoint tensors under `{module}` (TPA301) may be their stored form, so their "
+                        "bytes here are the parameters' own dtype and shape, not the checkpoint's")
         yield Finding(
-            code="TPA302", kind="missing_checkpoint_tensor", severity="warning", target=generic,
-            message=f"{len(names)} parameter(s) `{generic}` have no checkpoint tensor: the loader initialises them",
+            code="TPA302", kind="missing_checkpoint_tensor", severity="warning", target=generic, message=message,
             fix="Check the checkpoint revision and the model class",
-            facts={"count": len(names), "example": names[0]})
+            facts={"count": len(names), "example": names[0], "unmapped_tensors_under_module": stored_elsewhere})
 
 
 @rule("TPA303", "checkpoint_shape_mismatch", points_at="checkpoint")

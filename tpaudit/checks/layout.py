@@ -3,6 +3,7 @@ into int32 words split between words."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from ..model import Finding
@@ -49,7 +50,8 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     if parity is not None and parity.ran:
         yield from _parity_layout_findings(ctx, parity)
     else:
-        yield from _suspected_layouts(ctx)
+        yield from _name_suspicions(ctx)
+        yield from _quant_packing(ctx)
 
 
 def _quant_packing(ctx: CheckContext) -> Iterable[Finding]:
@@ -82,7 +84,7 @@ def _quant_packing(ctx: CheckContext) -> Iterable[Finding]:
             facts={"axis": unit.axis, "bits": scheme.bits, "pack_factor": scheme.pack_factor, "per_rank": sizes})
 
 
-def _suspected_layouts(ctx: CheckContext) -> Iterable[Finding]:
+def _name_suspicions(ctx: CheckContext) -> Iterable[Finding]:
     """Without the parity check: a fused name split by plain `colwise` is a suspicion (a warning), never an error."""
     seen = set()
     for g in ctx.shard_map.groups:
@@ -104,7 +106,6 @@ def _suspected_layouts(ctx: CheckContext) -> Iterable[Finding]:
                 fix="Run tpaudit check --parity to decide it from the sharded forward",
                 facts={"style": p.style, "dim": packed_dim, "size": p.global_shape[packed_dim],
                        "evidence": "name", "confirmed": False})
-    yield from _quant_packing(ctx)
 
 
 def _parity_layout_findings(ctx: CheckContext, parity) -> Iterable[Finding]:
@@ -113,7 +114,38 @@ def _parity_layout_findings(ctx: CheckContext, parity) -> Iterable[Finding]:
     from ..parity import parity_findings
 
     yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA501")
+    if parity.passed is False:
+        yield from _masked_suspicions(ctx, parity)
     yield from _quant_packing(ctx)
+
+
+def _masked_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
+    """A failed run is evidence about the module it blames and nothing after it: the forward raised there, or every
+    later output inherits the divergence. Every other plain-`colwise` split of a projection whose output the forward
+    cuts into parts (found by the run's trace, or by a fused name) stays what it was before the run, a suspicion (a
+    warning), so that one run names every rule to look at, not one per run."""
+    blamed = {parity.first_divergent_module, parity.rule} - {None}
+    seen: set[str] = set()
+    for s in parity.split:
+        if s.style != "colwise" or {s.module, s.rule} & blamed or s.module in seen:
+            continue
+        seen.add(s.module)
+        yield Finding(
+            code="TPA501", kind="packed_layout", severity="warning", target=s.rule or s.module,
+            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and the forward cuts its output "
+                     f"into parts ({s.action}); the parity run failed first at `{parity.first_divergent_module}`, "
+                     "so it could not tell whether this split keeps the parts together"),
+            fix="Fix the error above and run tpaudit check again: the parity run then decides this one",
+            facts={"style": "colwise", "evidence": "trace", "confirmed": False,
+                   "masked_by": parity.first_divergent_module})
+    for f in _name_suspicions(ctx):
+        module = f.target.rpartition(".")[0] if f.target.endswith((".weight", ".bias")) else f.target
+        if module in seen or {module, f.target} & blamed:
+            continue
+        seen.add(module)
+        masked_by = parity.first_divergent_module
+        yield dataclasses.replace(f, message=f"{f.message}; the parity run failed first at `{masked_by}`",
+                                  facts={**f.facts, "masked_by": masked_by})
 
 
 @rule("TPA502", "style_mismatch")

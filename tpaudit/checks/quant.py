@@ -101,8 +101,9 @@ def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
     A 128 x 128 FP8 checkpoint with `moe_intermediate_size = 512` at `--tp 8`.
 
     **Fix**
-    Use a smaller `tp_size` (the message names the largest that keeps whole blocks), keep the module whole, or
-    re-quantize with a block/group size that divides the shard.
+    Use a `tp_size` that keeps whole blocks (the message lists those below the one checked: a smaller size is not
+    always one, e.g. 768 rows of 128-row blocks stay whole at tp 1, 2, 3, 6, not 4 or 5), keep the module whole,
+    or re-quantize with a block/group size that divides the shard.
 
     **References**
     transformers `integrations/finegrained_fp8.py`; vllm-project/vllm#21695, #52997; sgl-project/sglang#3345.
@@ -133,7 +134,7 @@ def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
             continue
         whole = unit.out_features if axis == "out" else unit.in_features
         whole //= unit.split_factor if unit.split_factor > 1 else 1
-        ok_tp = max((t for t in range(1, tp) if all(chunk(whole, t, r) % block == 0 for r in range(t))), default=1)
+        aligned = [t for t in range(1, tp) if all(chunk(whole, t, r) % block == 0 for r in range(t))] or [1]
         axis_text = "output features" if axis == "out" else "input features"
         per = " of each packed half" if unit.split_factor > 1 else ""
         r, s = bad[0]
@@ -141,7 +142,8 @@ def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
             code="TPA202", kind="quant_block_misaligned", severity="error", target=unit.key,
             message=(f"`{unit.key}` ({unit.style}) gives rank {r} {s} {axis_text}{per} = {s / block:g} x the "
                      f"{what}: a rank boundary cuts a {unit_name} ({whole} / {tp} ranks)"),
-            fix=f"Use tp_size {ok_tp} or less for this model, or keep `{ctx.relative_key(unit.key)}` whole",
+            fix=(f"Use a tp_size that keeps its {unit_name}s whole ({', '.join(map(str, aligned))}; a smaller size "
+                 f"that is not listed cuts one too), or keep `{ctx.relative_key(unit.key)}` whole"),
             facts={"axis": axis, "size": whole, "block": block, "per_rank": sizes, "style": unit.style,
-                   "largest_aligned_tp_size": ok_tp})
+                   "largest_aligned_tp_size": max(aligned), "aligned_tp_sizes": aligned})
     del world
