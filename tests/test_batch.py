@@ -125,7 +125,7 @@ def test_size_pairs_follow_transformers():
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_jobs_2_equals_single_check_runs(tmp_path):
-    models = [fixture(LLAMA), MISSING, fixture(QWEN3_VL), fixture(GRANITE)]
+    models = [fixture(LLAMA), MISSING, fixture(QWEN3_VL)]
     out = tmp_path / "out.jsonl"
     proc = run_cli("batch", str(write_list(tmp_path / "list.txt", *models)), "--tp", "4,8", "--jobs", "2",
                    "-o", str(out), "--format", "markdown", env={"TPAUDIT_CACHE": str(tmp_path / "cache")})
@@ -360,11 +360,11 @@ def test_ray_missing_is_exit_2_with_the_install_command(tmp_path, monkeypatch):
 def test_ray_executor_gives_the_same_lines(tmp_path):
     import tpaudit
 
-    models = [fixture(LLAMA), fixture(QWEN3_VL), MISSING]
+    models = [fixture(LLAMA), MISSING]
     out = tmp_path / "ray.jsonl"
     proc = run_cli("batch", str(write_list(tmp_path / "list.txt", *models)), "--tp", "4,8", "--executor", "ray",
-                   "--jobs", "2", "--no-cache", "-o", str(out), env={"RAY_USAGE_STATS_ENABLED": "0"})
-    assert proc.returncode == 1, proc.stderr                 # Qwen3-VL at tp 8: TPA102
+                   "--jobs", "2", "--no-cache", "--strict", "-o", str(out), env={"RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 1, proc.stderr                 # --strict: a model that could not be read fails
     local = {r.id: r for r in tpaudit.batch(models, tp_sizes=[4, 8], cache=False)}
     ray_lines = read_lines(out)
     assert [(d["model"], d["tp_size"]) for d in ray_lines] == [(m, tp) for m in models for tp in (4, 8)]
@@ -401,3 +401,40 @@ def test_hub_models_with_a_revision(tmp_path):
     assert missing["status"] == "error" and missing["exit_code"] == 2 and "no-such-branch" in missing["reason"]
     # The same files at another revision: the same hash, so the default branch's line comes from the cache.
     assert default["cached"] and default["worst_rank_param_bytes"] == ok["worst_rank_param_bytes"]
+
+
+def test_a_batch_served_from_the_cache_imports_neither_torch_nor_transformers(tmp_path):
+    import subprocess
+
+    import tpaudit
+
+    cache = tmp_path / "cache"
+    first = list(tpaudit.batch([fixture(LLAMA)], tp_sizes=[2, 4], cache=cache))
+    assert [r.cached for r in first] == [False, False]
+    code = ("import sys, tpaudit\n"
+            f"lines = list(tpaudit.batch([{fixture(LLAMA)!r}], tp_sizes=[2, 4], cache={str(cache)!r}))\n"
+            "print([l.cached for l in lines], [l.worst_rank_param_bytes for l in lines],"
+            " sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"[True, True] {[llama_by_hand(2)[0], llama_by_hand(4)[0]]} []", out.stdout
+
+
+@pytest.mark.slow
+def test_an_unguarded_script_with_jobs_2_gets_lines_that_say_so(tmp_path):
+    """Python's spawn start method re-runs an unguarded calling script in each worker; the worker refuses to start a
+    batch while it is starting, and the parent's lines name the `__main__` guard instead of blaming tpaudit."""
+    import subprocess
+
+    script = tmp_path / "unguarded.py"
+    script.write_text("import json, tpaudit\n"
+                      f"lines = list(tpaudit.batch([{fixture(LLAMA)!r}, {fixture(QWEN3_VL)!r}], tp_sizes=[4], "
+                      "jobs=2, cache=False))\n"
+                      "print('LINES', json.dumps([[l.status, l.exit_code, l.reason] for l in lines]))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
+                         timeout=300)
+    lines = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("LINES "))[6:])
+    assert len(lines) == 2
+    for status, code, reason in lines:
+        assert (status, code) == ("error", 2), reason
+        assert 'if __name__ == "__main__":' in reason and "tpaudit bug" not in reason

@@ -32,7 +32,7 @@ def test_help_imports_neither_torch_nor_transformers():
 
 
 def test_clean_model_exits_0_and_json_is_the_contract():
-    proc = run_cli("check", LLAMA, "--tp", "2", "--format", "json")
+    proc = run_main("check", LLAMA, "--tp", "2", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["schema"] == "tpaudit/check/v1"
@@ -59,7 +59,12 @@ def test_terminal_report_states_units():
     (["check", LLAMA, "--tp", "2", "--max-replicated", "lots"], ["--max-replicated"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needles):
-    assert_one_line_error(run_cli(*args), *needles)
+    assert_one_line_error(run_main(*args), *needles)
+
+
+def test_bad_input_in_a_real_process_is_one_line_and_exit_2():
+    """The same contract through the installed console script (no in-process shortcuts)."""
+    assert_one_line_error(run_cli("check", LLAMA, "--tp", "2", "--ep", "3"), "ep_size=3", "--ep 3")
 
 
 def test_unknown_style_in_plan(tmp_path):
@@ -110,3 +115,21 @@ def test_rules_and_explain():
     proc = run_main("explain", "TPA001")
     assert proc.returncode == 0 and "Why it matters" in proc.stdout and "Fix" in proc.stdout
     assert_one_line_error(run_main("explain", "TPA999"), "TPA999")
+
+
+def test_a_closed_pipe_ends_quietly_with_141_not_1():
+    """`tpaudit check ... | head -1`: the reader leaves early. Exit 1 would read as "error findings"; a process
+    killed by SIGPIPE ends with 128 + 13 = 141, and nothing is printed on stderr."""
+    import fcntl
+    import os
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)  # smaller than the report: the writer is still writing when we leave
+    proc = subprocess.Popen([sys.executable, "-m", "tpaudit", "check", LLAMA, "--tp", "2", "--params", "all"], stdout=w,
+                            stderr=subprocess.PIPE, cwd=str(ROOT), text=True)
+    os.close(w)
+    with os.fdopen(r) as reader:
+        first = reader.readline()
+    _, stderr = proc.communicate(timeout=300)
+    assert first.startswith("╭─ tpaudit check")
+    assert proc.returncode == 141 and stderr == "", (proc.returncode, stderr)

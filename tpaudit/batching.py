@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 
-from .errors import ExitCode, TpauditError, UsageError
+from .errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
 
 BATCH_SCHEMA = "tpaudit/batch/v1"
 CACHE_SCHEMA = "tpaudit/batch-cache/v1"
@@ -454,7 +454,7 @@ def _reports(source, pairs: Sequence[tuple[int, int]], options: TaskOptions) -> 
 
 def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
                 options: TaskOptions | None = None) -> list[BatchResult]:
-    """Audit one model at every (tp_size, ep_size) of `pairs`, opening its source once. Never raises.
+    """Audit one model at every (tp_size, ep_size) of `pairs`, opening its source once.
 
     Each line comes from the cache when `options.cache_dir` holds its key (and `options.read_cache`), else from the
     pipeline (`tpaudit.audit.Audit`: built once, transformers' own plan resolution and TP code on the meta device), and
@@ -469,6 +469,10 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
         `list[BatchResult]`, one per pair. A model that cannot be read gives `status="error"` lines with `check`'s
         one-line message as `reason` and its exit code (2); a pair transformers refuses gives an error line too; an
         unexpected exception gives an error line with exit code 4 whose reason says it is an internal error.
+
+    Raises:
+        UnsupportedVersionError: a line must be computed and the installed transformers lacks what tpaudit calls
+            (every other failure is an error line).
     """
     options = options or TaskOptions()
     ref = parse_model_ref(model) if isinstance(model, str) else model
@@ -500,6 +504,9 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
                     pass
     todo = [p for p in pairs if p not in lines]
     if todo:
+        from .compat import backend
+
+        backend()  # raises UnsupportedVersionError: no line of this batch can be computed
         from . import audit  # noqa: F401  torch and transformers: once per process, not part of a line's seconds
     clock = time.perf_counter()
     for tp, ep, outcome in (_reports(source, todo, options) if todo else ()):
@@ -547,6 +554,19 @@ def _worker_init() -> None:
 Task = tuple[ModelRef, tuple[tuple[int, int], ...]]
 
 
+class WorkerStopped(TpauditError):
+    """A worker process ended before returning a model's lines: killed (out of memory), or it could not start
+    because the calling script is not guarded (spawned workers re-import it). Exit code 2: the batch could not run
+    this model, and the cause is outside the model."""
+
+    def __init__(self, detail: str):
+        super().__init__(
+            f"the worker process stopped before returning this model's lines ({detail or 'no message'}): it was "
+            "killed (out of memory?) or could not start. A script that calls tpaudit.batch(..., jobs=2 or more) must "
+            "make the call under `if __name__ == \"__main__\":` (workers start with Python's spawn method and "
+            "re-import the script); jobs=1 runs every model in this process")
+
+
 def _failed_task(task: Task, error: BaseException) -> list[BatchResult]:
     ref, pairs = task
     return [_error_line(ref.text, tp, ep, error, 0.0) for tp, ep in pairs]
@@ -567,8 +587,10 @@ def _run_local(tasks: list[Task], options: TaskOptions, jobs: int | None) -> Ite
         for future in as_completed(futures):
             try:
                 yield future.result()
+            except UnsupportedVersionError:
+                raise
             except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of memory): error lines
-                yield _failed_task(futures[future], RuntimeError(f"the worker process stopped: {e}"))
+                yield _failed_task(futures[future], WorkerStopped(str(e)))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -703,8 +725,13 @@ def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes
         PlanError: the plan is malformed or names an unknown style.
         UnsupportedVersionError: transformers or torch outside the tested range.
     """
-    from .compat import backend
+    from .compat import require_installed
 
+    import multiprocessing
+
+    if jobs is not None and jobs > 1 and getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise UsageError("tpaudit.batch(..., jobs=%d) was called while a worker process was starting: the calling "
+                         "script re-runs in every worker. Put the call under `if __name__ == \"__main__\":`" % jobs)
     if executor not in ("local", "ray"):
         raise UsageError(f"executor {executor!r} is not known. Pass local or ray")
     if executor == "ray" and not ray_available():
@@ -718,7 +745,7 @@ def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes
         if ref.text not in seen:
             seen.add(ref.text)
             refs.append(ref)
-    backend()
+    require_installed()  # the full probe (an import of transformers) waits for the first line not in the cache
     pairs, _ = size_pairs(tp_sizes, ep_sizes)
     if isinstance(plan, (str, os.PathLike)):
         from .build import load_plan_file

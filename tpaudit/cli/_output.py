@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -27,6 +28,19 @@ def write_output(text: str, output: str | None) -> None:
         raise UsageError(f"cannot write --output {output}: {e.strerror or e}. Check the directory") from None
 
 
+def stdout_console(**options):
+    """A rich console on stdout whose closed pipe (`tpaudit check ... | head`) raises `BrokenPipeError` for `main` to
+    end quietly with 141, as a process killed by SIGPIPE does (rich's own handling exits 1, which reads as "error
+    findings")."""
+    from rich.console import Console
+
+    class _StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    return _StdoutConsole(**options)
+
+
 def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
     """Run `draw(console)` on a rich console for the terminal, or render it without colour into `output`."""
     from rich.console import Console
@@ -34,7 +48,7 @@ def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
     if output is None:
         # A pipe or a CI log is no 80-column terminal: draw wide unless COLUMNS says otherwise.
         wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else width
-        draw(Console(width=wide))
+        draw(stdout_console(width=wide))
         return
     buffer = io.StringIO()
     draw(Console(file=buffer, width=width, no_color=True))

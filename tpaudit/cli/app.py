@@ -75,11 +75,31 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(e, "exit_code", 2) or 2)
     except KeyboardInterrupt as e:
         return report_error(e)
+    except BrokenPipeError:
+        return _closed_stdout()
+    except SystemExit as e:  # typer's bundled click turns a closed stdout (EPIPE) into exit 1: not a finding
+        if isinstance(e.__context__, BrokenPipeError):
+            return _closed_stdout()
+        raise
     except Exception as e:  # noqa: BLE001 - the single place where failures become exit codes
         return report_error(e)
     if result == 130:  # typer turns Ctrl-C inside a command into exit code 130: say so, one line
         return report_error(KeyboardInterrupt())
     return int(result) if isinstance(result, int) else 0
+
+
+def _closed_stdout() -> int:
+    """The reader of stdout went away (`tpaudit check ... | head`): nothing to report, nobody to report it to. End as
+    a process killed by SIGPIPE does (128 + 13), with stdout pointed at /dev/null so that the interpreter's last flush
+    does not complain."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,23 +24,25 @@ def rules(
         return 0
     if format != "table":
         raise UsageError(f"--format {format} is not supported here. Pass table or json")
-    from rich.console import Console
     from rich.table import Table
+
+    from ._output import stdout_console
 
     t = Table(header_style="bold")
     for col in ("code", "kind", "severity", "summary"):
         t.add_column(col, overflow="fold")
     for row in rows:
         t.add_row(row["code"], row["kind"], row["severity"], row["summary"])
-    Console().print(t)
+    stdout_console().print(t)
     return 0
 
 
 def explain(code: Annotated[str, typer.Argument(help="A rule code such as TPA001, or its kind (replicated_weight).")]
             ) -> int:
     """Print what a rule detects, why it matters, an example and the fix."""
-    from rich.console import Console
     from rich.markdown import Markdown
+
+    from ._output import stdout_console
 
     from ..checks.registry import all_rules, get_rule
     from ..errors import UsageError
@@ -54,5 +56,5 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code such as TPA001
     for heading in ("What it detects", "Why it matters", "Example", "Fix", "References"):
         if heading in sections:
             text += f"\n## {heading}\n\n{sections[heading]}\n"
-    Console().print(Markdown(text))
+    stdout_console().print(Markdown(text))
     return 0

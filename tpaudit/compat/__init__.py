@@ -44,6 +44,23 @@ def _major_minor(version: str) -> str:
     return ".".join(parts[:2])
 
 
+def require_installed() -> dict[str, str]:
+    """The installed transformers, torch and huggingface_hub versions, from distribution metadata: no import, for
+    callers that may need no simulation at all (a batch served from its cache). `backend()` probes the rest.
+
+    Raises:
+        UnsupportedVersionError: transformers or torch is not installed.
+    """
+    versions = {"transformers": installed_version("transformers"), "torch": installed_version("torch"),
+                "huggingface_hub": installed_version("huggingface_hub") or "unknown"}
+    for dist in ("transformers", "torch"):
+        if versions[dist] is None:
+            raise UnsupportedVersionError(
+                f"{dist} is not installed, and tpaudit simulates with it. Install it: "
+                "pip install torch==2.13.0 'transformers>=5.23,<5.25'")
+    return versions
+
+
 def backend():
     """The seam for the installed transformers and torch (probed once per process).
 
@@ -57,13 +74,7 @@ def backend():
     global _ACTIVE
     if _ACTIVE is not None:
         return _ACTIVE
-    versions = {"transformers": installed_version("transformers"), "torch": installed_version("torch"),
-                "huggingface_hub": installed_version("huggingface_hub") or "unknown"}
-    for dist in ("transformers", "torch"):
-        if versions[dist] is None:
-            raise UnsupportedVersionError(
-                f"{dist} is not installed, and tpaudit simulates with it. Install it: "
-                "pip install torch==2.13.0 'transformers>=5.23,<5.25'")
+    versions = require_installed()
     failures = []
     for line in _lines():
         gaps = line.probe()
