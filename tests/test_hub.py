@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, run_cli, run_env
 from hubserver import FakeHub
 
 REPO = "Qwen/Qwen3-VL-30B-A3B-Instruct"
@@ -60,10 +60,10 @@ def repo_requests(hub):
 
 def test_hub_equals_local_and_reads_only_headers(hub, qwen_dir, tmp_path):
     hub.clear()
-    proc = run_cli("check", REPO, "--tp", "4", "--format", "json", env=env_for(hub, tmp_path / "hf"))
+    proc = run_env("check", REPO, "--tp", "4", "--format", "json", env=env_for(hub, tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr
     remote = json.loads(proc.stdout)
-    local = json.loads(run_cli("check", str(qwen_dir), "--tp", "4", "--format", "json").stdout)
+    local = json.loads(run_env("check", str(qwen_dir), "--tp", "4", "--format", "json").stdout)
     for key in ("ranks", "total_param_bytes", "replicated", "unused_rules", "findings", "params", "kv_cache"):
         assert remote[key] == local[key], key
     assert remote["model"]["repo_id"] == REPO and remote["model"]["commit"] == hub.repos[REPO].commit
@@ -78,7 +78,7 @@ def test_hub_equals_local_and_reads_only_headers(hub, qwen_dir, tmp_path):
 def test_single_request_variant_when_the_server_offers_it(qwen_dir, tmp_path):
     with FakeHub(offer_sharded_metadata=True) as server:
         server.add(REPO, qwen_dir)
-        proc = run_cli("check", REPO, "--tp", "4", "--format", "json", env=env_for(server, tmp_path))
+        proc = run_env("check", REPO, "--tp", "4", "--format", "json", env=env_for(server, tmp_path))
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["worst_rank_param_bytes"] == 16_362_514_912
         assert [r.file for r in repo_requests(server) if r.file == "safetensors-metadata"] == ["safetensors-metadata"]
@@ -87,34 +87,54 @@ def test_single_request_variant_when_the_server_offers_it(qwen_dir, tmp_path):
 
 def test_second_run_and_offline_run_use_the_cache(hub, tmp_path):
     env = env_for(hub, tmp_path / "hf")
-    assert run_cli("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == 0
+    assert run_env("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == 0
     hub.clear()
-    second = run_cli("check", REPO, "--tp", "4", "--format", "json", env=env)
+    second = run_env("check", REPO, "--tp", "4", "--format", "json", env=env)
     assert second.returncode == 0
     assert not [r for r in repo_requests(hub) if r.file.endswith(".safetensors")]   # no header read
     hub.clear()
-    offline = run_cli("check", REPO, "--tp", "4", "--format", "json", env={**env, "HF_HUB_OFFLINE": "1"})
+    offline = run_env("check", REPO, "--tp", "4", "--format", "json", env={**env, "HF_HUB_OFFLINE": "1"})
     assert offline.returncode == 0, offline.stderr
     assert repo_requests(hub) == []
     assert json.loads(offline.stdout)["worst_rank_param_bytes"] == 16_362_514_912
 
 
+def test_an_endpoint_that_went_down_falls_back_to_the_cache_at_once(qwen_dir, tmp_path):
+    """After one online run the endpoint stops answering: the next run refuses no work and waits for no retries
+    (huggingface_hub alone would retry ~25 s); it reads config and headers from the caches and says so."""
+    import time
+
+    with FakeHub() as server:
+        server.add(REPO, qwen_dir)
+        env = env_for(server, tmp_path)
+        assert run_env("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == 0
+    start = time.monotonic()
+    proc = run_env("check", REPO, "--tp", "4", "--format", "json", env=env)  # the same endpoint, now closed
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 20
+    out = json.loads(proc.stdout)
+    assert out["worst_rank_param_bytes"] == 16_362_514_912
+    assert any("refused the connection" in n for n in out["notes"])
+    other = run_env("check", "acme/never-seen", "--tp", "4", env=env)
+    assert other.returncode == 2 and other.stderr.startswith(f"error: cannot reach {server.url}")
+
+
 def test_offline_without_cache_is_exit_2(hub, tmp_path):
-    proc = run_cli("check", REPO, "--tp", "4", env=env_for(hub, tmp_path / "empty", HF_HUB_OFFLINE="1"))
+    proc = run_env("check", REPO, "--tp", "4", env=env_for(hub, tmp_path / "empty", HF_HUB_OFFLINE="1"))
     assert proc.returncode == 2 and "offline" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_gated_repo_needs_a_token_which_is_never_printed(hub, tmp_path):
     home = tmp_path / "hf"
-    denied = run_cli("check", "acme/gated-model", "--tp", "4", "--token", "hf_wrongToken999", env=env_for(hub, home))
+    denied = run_env("check", "acme/gated-model", "--tp", "4", "--token", "hf_wrongToken999", env=env_for(hub, home))
     assert denied.returncode == 2
     assert "gated" in denied.stderr and "hf auth login" in denied.stderr
     assert "hf_wrongToken999" not in denied.stderr + denied.stdout
-    ok = run_cli("check", "acme/gated-model", "--tp", "4", "--token", TOKEN, "--format", "json",
+    ok = run_env("check", "acme/gated-model", "--tp", "4", "--token", TOKEN, "--format", "json",
                  env=env_for(hub, home))
     assert ok.returncode == 0, ok.stderr
     out = tmp_path / "snap.json.gz"
-    snap = run_cli("snapshot", "acme/gated-model", "--token", TOKEN, "-o", str(out), env=env_for(hub, home))
+    snap = run_env("snapshot", "acme/gated-model", "--token", TOKEN, "-o", str(out), env=env_for(hub, home))
     assert snap.returncode == 0, snap.stderr
     assert TOKEN not in ok.stdout + ok.stderr + snap.stdout + snap.stderr
     for path in [*home.rglob("*"), out]:
@@ -127,13 +147,14 @@ def test_gated_repo_needs_a_token_which_is_never_printed(hub, tmp_path):
 
 
 def test_missing_repo_and_revision_are_exit_2_with_advice(hub, tmp_path):
-    proc = run_cli("check", "acme/no-such-model", "--tp", "2", env=env_for(hub, tmp_path))
+    proc = run_env("check", "acme/no-such-model", "--tp", "2", env=env_for(hub, tmp_path))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "repo id" in proc.stderr
-    proc = run_cli("check", REPO, "--tp", "2", "--revision", "v999", env=env_for(hub, tmp_path))
+    proc = run_env("check", REPO, "--tp", "2", "--revision", "v999", env=env_for(hub, tmp_path))
     assert proc.returncode == 2 and "revision 'v999' does not exist" in proc.stderr
     assert all("Traceback" not in p for p in (proc.stderr,))
 
 
+# a refused connection fails at once (tpaudit probes the endpoint before huggingface_hub retries it for ~25 s)
 def test_unreachable_endpoint_names_it(tmp_path):
     proc = run_cli("check", "acme/anything", "--tp", "2",
                    env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path), "HF_TOKEN": ""})
@@ -144,7 +165,7 @@ def test_unreachable_endpoint_names_it(tmp_path):
 
 
 def test_bin_only_repo_falls_back_to_config_only(hub, tmp_path):
-    proc = run_cli("check", "acme/bin-only", "--tp", "4", "--format", "json", env=env_for(hub, tmp_path))
+    proc = run_env("check", "acme/bin-only", "--tp", "4", "--format", "json", env=env_for(hub, tmp_path))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["model"]["config_only"] is True
@@ -154,19 +175,19 @@ def test_bin_only_repo_falls_back_to_config_only(hub, tmp_path):
 
 def test_snapshot_records_repo_and_commit(hub, tmp_path):
     out = tmp_path / "qwen.snapshot.json.gz"
-    proc = run_cli("snapshot", REPO, "-o", str(out), env=env_for(hub, tmp_path / "hf"))
+    proc = run_env("snapshot", REPO, "-o", str(out), env=env_for(hub, tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr
     from conftest import read_json_any
 
     doc = read_json_any(out)
     assert doc["source"]["repo_id"] == REPO and doc["source"]["commit"] == hub.repos[REPO].commit
     assert len(doc["tensors"]) == 882 and len(doc["files"]) == 13
-    offline = run_cli("check", str(out), "--tp", "4", "--format", "json")
+    offline = run_env("check", str(out), "--tp", "4", "--format", "json")
     assert json.loads(offline.stdout)["worst_rank_param_bytes"] == 16_362_514_912
 
 
 def test_malformed_header_is_exit_2(hub, tmp_path):
-    proc = run_cli("check", "acme/broken-header", "--tp", "2", env=env_for(hub, tmp_path))
+    proc = run_env("check", "acme/broken-header", "--tp", "2", env=env_for(hub, tmp_path))
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr

@@ -39,6 +39,29 @@ def _endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def _refuses_connections(endpoint: str) -> str | None:
+    """One request to `endpoint` before any download: the reason when the connection itself fails (refused, no such
+    host), `None` when anything answers (any HTTP status) or the request merely times out.
+
+    huggingface_hub retries a failed connection 5 times with back-off (`utils/_http.py` `http_backoff`: 1+2+4+8+8 s),
+    so an endpoint that refuses connections would take ~25 s to report. A refused connection or an unknown host is
+    not transient; timeouts still get the client's retries.
+    """
+    import importlib
+
+    from huggingface_hub.utils import get_session
+
+    # the HTTP package huggingface_hub's session comes from (httpx, or httpx2 in huggingface_hub 2.x); a one-off
+    # request on a new connection, so a pooled connection to a server that has since gone cannot answer for it
+    http = importlib.import_module(type(get_session()).__module__.split(".")[0])
+    try:
+        http.head(endpoint, timeout=10.0)
+    except Exception as e:  # noqa: BLE001 - only a failed connection counts; the rest is huggingface_hub's to handle
+        if any(cls.__name__ == "ConnectError" for cls in type(e).__mro__):
+            return f"ConnectError: {str(e)[:120]}"
+    return None
+
+
 def _offline() -> bool:
     from huggingface_hub import constants
 
@@ -278,15 +301,23 @@ def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
     from .local import read_config
     from .snapshot import load_snapshot, write_snapshot
 
+    down = None if offline else _refuses_connections(endpoint)
     try:
+        # an endpoint that refuses connections: the cache answers, as huggingface_hub's own fallback does
         config_file = hf_hub_download(repo_id, "config.json", revision=revision, token=token, endpoint=endpoint,
-                                      cache_dir=_hub_cache(), local_files_only=offline)
+                                      cache_dir=_hub_cache(), local_files_only=offline or down is not None)
     except Exception as e:  # noqa: BLE001 - translated into one-line errors, re-raised otherwise
+        if down is not None:
+            at = f"{repo_id}@{revision}" if revision else repo_id
+            raise HubConnectionError(f"cannot reach {endpoint} for {at} ({down}). Check the network or HF_ENDPOINT; HF_HUB_OFFLINE=1 uses the cache",
+                                     repo_id=repo_id, revision=revision) from None
         _raise_hub_error(e, repo_id, revision, endpoint, "config.json")
     config_path = Path(config_file)
     commit = config_path.parent.name if _COMMIT.match(config_path.parent.name) else None
     config = read_config(config_path)
     notes: list[str] = []
+    if down is not None:
+        notes.append(f"{endpoint} refused the connection ({down}): config and headers come from the local caches")
     tensors = None
     cache = header_cache_path(endpoint, repo_id, commit) if commit else None
     if cache is not None and cache.is_file():
@@ -294,6 +325,10 @@ def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
         notes.append("checkpoint headers read from tpaudit's cache (" + str(cache) + ")")
         if tensors is None:
             notes.append("config only: the repo has no safetensors checkpoint at this commit")
+    elif down is not None:
+        raise HubConnectionError(f"cannot reach {endpoint} for the safetensors headers of {repo_id} ({down}), and "
+                                 "they are not in tpaudit's cache. Check the network or HF_ENDPOINT",
+                                 repo_id=repo_id, revision=revision)
     elif offline:
         raise HubConnectionError(f"cannot read {repo_id}@{revision or 'default branch'} offline: its safetensors "
                                  "headers are not in tpaudit's cache. Run once without HF_HUB_OFFLINE=1",
