@@ -593,3 +593,22 @@ def test_cli_training_flags_bad_input():
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (extra, proc.stderr)
         assert proc.stdout == ""
+
+
+def test_pairs_transformers_refuses_stay_as_invalid_rows_and_error_plans_say_so():
+    """Every (tp, ep) pair asked for gets a row: ep 4 with tp 2 is not a pair transformers 5.23/5.24 accept (experts
+    are sharded over the tp ranks), so it is invalid with the reason, not dropped. A plan with error findings (the
+    pre-fix Qwen3-VL plan replicates the experts: TPA001) loads, and the terminal report says its bytes are that
+    plan's."""
+    snap = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
+    proc = run_main("size", snap, "--gpu-memory", "80GB", "--tp", "2,4", "--ep", "1,4", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    opts = {(o["tp_size"], o["ep_size"]): o for o in json.loads(proc.stdout)["options"]}
+    assert set(opts) == {(2, 1), (2, 4), (4, 1), (4, 4)}
+    assert opts[(2, 4)]["valid"] is False and "ep_size 4 must be 1 or equal tp_size 2" in opts[(2, 4)]["reason"]
+    assert all(opts[p]["valid"] for p in [(2, 1), (4, 1), (4, 4)])
+
+    plan = CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json"
+    proc = run_main("size", snap, "--gpu-memory", "80GB", "--tp", "4", "--plan", str(plan))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("tp 4 ep 1 loads, but its plan has"))
+    assert "TPA001" in line and "tpaudit check --tp 4" in proc.stdout.replace("\n", " ")

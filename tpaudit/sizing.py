@@ -455,17 +455,24 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     for flag, values in (("--tp", tp_sizes), ("--ep", ep_sizes)):
         if any(v < 1 or v > MAX_WORLD_SIZE for v in values):
             raise UsageError(f"{flag} {','.join(map(str, values))}: each size must be between 1 and {MAX_WORLD_SIZE}")
-    combos = sorted({(tp, ep) for tp in tp_sizes for ep in ep_sizes if ep in (1, tp)})
+    pairs = sorted({(tp, ep) for tp in tp_sizes for ep in ep_sizes})
+    combos = [(tp, ep) for tp, ep in pairs if ep in (1, tp)]
     if not combos:
         raise UsageError(f"no (tp, ep) pair to try: --ep {ep_sizes} must be 1 or equal to one of --tp {tp_sizes} "
-                         "(transformers 5.23 without FSDP)")
+                         "(transformers 5.23/5.24 without FSDP)")
     audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
                                        trust_remote_code=trust_remote_code, dtype=dtype))
     versions = audit.versions
     options, model_info, notes, kv_name = [], None, set(), kv_dtype
     cap_tokens = max_position_embeddings(source.config)
     frozen: dict[str, dict] = {}
-    for tp, ep in combos:
+    # pairs transformers would refuse stay in the table as invalid rows, so no size asked for silently disappears
+    for tp, ep in pairs:
+        if (tp, ep) not in combos:
+            options.append(SizeOption(tp, ep, False, f"not tried: ep_size {ep} must be 1 or equal tp_size {tp} "
+                                      "(transformers 5.23/5.24 shard experts over the tp ranks)", (), 0,
+                                      capacity_bytes, 0))
+            continue
         try:
             report = audit.report(ParallelSizes.of(tp, ep), parity="off")
         except UsageError as e:

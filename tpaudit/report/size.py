@@ -130,6 +130,12 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
     for o in report.options:
         if not o.valid and o.reason:
             console.print(Text(f"tp {o.tp_size} ep {o.ep_size} invalid: ", style="bold") + Text(o.reason))
+        elif o.errors:
+            shown = ", ".join(o.errors[:3]) + (f" and {len(o.errors) - 3} more" if len(o.errors) > 3 else "")
+            console.print(Text(f"tp {o.tp_size} ep {o.ep_size} loads, but its plan has {len(o.errors)} error "
+                               f"finding(s): ", style="bold yellow") +
+                          Text(f"{shown}; the bytes above are what that plan places (tpaudit check --tp {o.tp_size}"
+                               f"{f' --ep {o.ep_size}' if o.ep_size > 1 else ''} explains)"))
     keys = ["weights", "grads", "master", "optimizer", "activations", "overhead"] if training else \
         ["weights", "kv", "overhead"]
     console.print(_legend(keys))
