@@ -265,7 +265,7 @@ def test_a_full_output_device_is_an_input_error_not_a_bug():
 
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
-    proc = run_cli("check", LLAMA, "--tp", "2", "--format", "json", "-o", "/dev/full")
+    proc = run_main("check", LLAMA, "--tp", "2", "--format", "json", "-o", "/dev/full")
     assert proc.returncode == 2 and "cannot write" in proc.stderr, proc.stderr
     with open("/dev/full", "w") as full:
         import subprocess
