@@ -165,3 +165,16 @@ def test_full_scan_is_a_survey_that_exits_0_and_covers_every_model_type(monkeypa
     assert doc["counts"] == {"ok": (len(keys) + 1) // 2, "no_plan": len(keys) // 2}
     strict = run_main("scan", "--tp", "8", "--jobs", "1", "--strict", "--format", "json")
     assert strict.returncode == 1, strict.stderr                  # --strict: llama's error finding fails the gate
+
+
+def test_default_configs_that_do_not_build_say_why_without_advice_for_a_user_config():
+    """gemma3n_text gives intermediate_size per layer (a list): it builds. gemma4_assistant's default config fails
+    transformers' own validator, whose reason is on the message's second line; it is the type's default config, so
+    no "Fix the config" advice."""
+    from tpaudit.scan import scan_one
+
+    ok = scan_one("gemma3n_text", 4, "off")
+    assert ok.status == "ok" and ok.total_param_bytes > 0
+    failed = scan_one("gemma4_assistant", 4, "off")
+    assert failed.status == "build_failed" and "hidden_size_per_layer_input must be 0" in failed.reason
+    assert "Fix the config" not in failed.reason

@@ -302,6 +302,8 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
 # build a model of empty tensors and pass.
 _POSITIVE = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
              "head_dim", "moe_intermediate_size", "num_hidden_layers")
+# attributes a config may give per layer, as a list (gemma3n: `intermediate_size`)
+_PER_LAYER = ("intermediate_size", "moe_intermediate_size", "num_key_value_heads", "head_dim")
 _NON_NEGATIVE = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
                  "shared_expert_intermediate_size", "first_k_dense_replace", "num_global_key_value_heads",
                  "linear_num_key_heads", "linear_num_value_heads")
@@ -324,6 +326,9 @@ def _check_plausible(config, owner, owner_path: str, where: str, path: str | Non
             value = tf.config_value(cfg, attr)
             if value is None:
                 continue
+            if isinstance(value, (list, tuple)) and value and attr in _PER_LAYER and \
+                    all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                value = min(value)  # one value per layer (gemma3n's intermediate_size): each must hold
             if isinstance(value, bool) or not isinstance(value, int):
                 if attr in _POSITIVE:
                     raise ConfigError(f"{where}: {name(attr)} = {str(value)[:40]} is not an integer. Fix the config",

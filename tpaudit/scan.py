@@ -18,6 +18,7 @@ fails to build is reported `build_failed` with the reason and never stops the sc
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +171,9 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
                 report = audit.report(ParallelSizes.of(tp_size), parity=parity)
                 break
             except TpauditError as e:
-                failure = failure or (class_name, str(e)[:300])
+                # the config is transformers' own default for the type: advice to fix "the config" does not apply
+                reason = re.sub(r"\. (Fix|Check) the config.*$", "", str(e).strip(), flags=re.S)
+                failure = failure or (class_name, f"{reason} (transformers' default {model_type} config)")
         if report is None:
             return ScanResult(model_type, "build_failed", architecture=failure[0], reason=failure[1],
                               seconds=time.perf_counter() - start)
@@ -194,7 +197,8 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
             components=components, parity=report.parity.to_json() if report.parity is not None else None,
             seconds=time.perf_counter() - start)
     except Exception as e:  # noqa: BLE001 - one architecture never stops the survey
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        # the first two lines: validators put the reason on the second ("...'validate_architecture':\n ValueError: ...")
+        first = " ".join(ln.strip() for ln in str(e).strip().splitlines()[:2])[:300]
         return ScanResult(model_type, "build_failed", reason=f"{type(e).__name__}: {first}",
                           seconds=time.perf_counter() - start)
 

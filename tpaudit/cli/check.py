@@ -40,7 +40,7 @@ def check(
                                  "replicated on every rank.")] = None,
     fail_on: Annotated[FailOn, typer.Option("--fail-on", help="Lowest severity that makes the exit code 1.")]
     = FailOn.error,
-    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (never hides exit 2, 3 "
+    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even with findings (never hides exit 2 "
                                                                 "or 4).")] = False,
     dtype: DtypeOpt = None,
     suggest: Annotated[bool, typer.Option(

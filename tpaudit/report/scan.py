@@ -27,7 +27,7 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
             continue
         share = m.replicated_share
         style = "red" if m.errors else ("dim" if m.status != "ok" else "")
-        t.add_row(m.model_type, m.status + (f": {(m.reason or '')[:60]}" if m.status == "build_failed" else ""),
+        t.add_row(m.model_type, m.status + (f": {_clip(m.reason or '', 160)}" if m.status == "build_failed" else ""),
                   str(m.errors), format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else "-",
                   f"{share:.1%}" if share is not None else "-", m.error_families(), str(len(m.unused_rules)),
                   style=style)
@@ -133,3 +133,11 @@ def render_html(report: ScanReport, **_) -> str:
         f"<table><thead><tr><th>model type</th><th>status</th><th>errors</th><th>replicated share</th>"
         f"<th>model bytes</th>{head}<th>replicated families (error)</th></tr></thead><tbody>"
         + "".join(rows) + f"</tbody></table><script>{_SCRIPT}</script></body></html>\n")
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` whole when it fits, else cut at the last space before `limit` with an ellipsis (never mid-value)."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[:cut if cut > 0 else limit] + " …"
