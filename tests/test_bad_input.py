@@ -262,6 +262,7 @@ def test_a_checkpoint_that_contradicts_its_config_is_an_error_finding(tmp_path):
     assert found["model.layers.*.mlp.gate_proj.weight"]["facts"]["model_shape"] == [11008, 4096]
 
 
+@pytest.mark.slow
 def test_a_plan_of_100000_rules_runs_in_linear_time(tmp_path):
     import time
 
@@ -276,6 +277,7 @@ def test_a_plan_of_100000_rules_runs_in_linear_time(tmp_path):
     assert len(json.loads(proc.stdout)["unused_rules"]) == 100_000
 
 
+@pytest.mark.slow  # its second half is a real process whose stdout is /dev/full
 def test_a_full_output_device_is_an_input_error_not_a_bug():
     import os
 

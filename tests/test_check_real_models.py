@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import FIXTURES, CASES, audit, chunk, nbytes, run_cli, snapshot_tensors, transformers_release
+from conftest import FIXTURES, CASES, audit, chunk, nbytes, run_main, snapshot_tensors, transformers_release
 
 QWEN3_VL = "qwen3-vl-30b-a3b-instruct"
 
@@ -68,8 +68,8 @@ def test_qwen3_vl_tp4_shipped_plan(qwen_tensors):
 
 def test_qwen3_vl_tp4_pre_fix_plan_cli(qwen_tensors):
     plan = CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json"
-    proc = run_cli("check", str(FIXTURES / f"{QWEN3_VL}.snapshot.json.gz"), "--tp", "4", "--plan", str(plan),
-                   "--format", "json")
+    proc = run_main("check", str(FIXTURES / f"{QWEN3_VL}.snapshot.json.gz"), "--tp", "4", "--plan", str(plan),
+                    "--format", "json")
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     expected_ranks = rank_bytes_by_hand(qwen_tensors, QWEN3_VL_SPLITS_PRE_FIX, 4)

@@ -117,6 +117,7 @@ def test_rules_and_explain():
     assert_one_line_error(run_main("explain", "TPA999"), "TPA999")
 
 
+@pytest.mark.slow  # a real process writing into a real pipe
 def test_a_closed_pipe_ends_quietly_with_141_not_1():
     """`tpaudit check ... | head -1`: the reader leaves early. Exit 1 would read as "error findings"; a process
     killed by SIGPIPE ends with 128 + 13 = 141, and nothing is printed on stderr."""

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from conftest import CASES, FIXTURES, audit, run_cli, run_main
+from conftest import CASES, FIXTURES, audit, run_main
 
 QWEN3_VL = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
 PRE_FIX_PLAN = str(CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json")
@@ -22,7 +22,7 @@ def sarif_schema():
 
 def test_sarif_validates_and_points_at_the_plan(sarif_schema, tmp_path):
     out = tmp_path / "report.sarif"
-    proc = run_cli("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "sarif", "-o", str(out))
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", PRE_FIX_PLAN, "--format", "sarif", "-o", str(out))
     assert proc.returncode == 1, proc.stderr
     log = json.loads(out.read_text())
     jsonschema.Draft4Validator(sarif_schema).validate(log)

@@ -26,13 +26,23 @@ BY_DESIGN = {"self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"}
 
 
 @pytest.fixture(scope="module")
-def scanned(tmp_path_factory):
-    out = tmp_path_factory.mktemp("scan") / "scan.json"
-    args = ["scan", "--tp", "4", "--format", "json", "-o", str(out)]
-    for t in SELECTED:
-        args += ["--model-type", t]
-    proc = run_main(*args)
-    assert proc.returncode == 1, proc.stderr          # selected types with error findings fail the gate
+def scanned(tmp_path_factory, worker_id):
+    """The scan of SELECTED, run once for the whole session: the first xdist worker to get here writes it, the others
+    wait on the lock and read it (the pattern pytest-xdist documents for once-per-session fixtures)."""
+    from filelock import FileLock
+
+    # under xdist each worker's base temp is a child of the session's; without it, the base temp is the session's
+    session_dir = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    out = session_dir / "scan-selected.json"
+    with FileLock(f"{out}.lock"):
+        if not out.is_file():
+            tmp = out.with_suffix(".tmp")
+            args = ["scan", "--tp", "4", "--format", "json", "-o", str(tmp)]
+            for t in SELECTED:
+                args += ["--model-type", t]
+            proc = run_main(*args)
+            assert proc.returncode == 1, proc.stderr          # selected types with error findings fail the gate
+            tmp.replace(out)
     doc = json.loads(out.read_text())
     assert doc["schema"] == "tpaudit/scan/v1" and doc["tp_size"] == 4
     return {m["model_type"]: m for m in doc["models"]}

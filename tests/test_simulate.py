@@ -38,6 +38,7 @@ print(json.dumps({n: list(p.to_local().shape if isinstance(p, DTensor) else p.sh
 """
 
 
+@pytest.mark.slow  # one process per checked rank, each importing torch and transformers
 @pytest.mark.parametrize("config_dir, tp, ranks", [
     (CASES / "09-granite-tp5-indivisible-dims", 5, [4]),           # uneven: the last rank is short
     (CASES / "01-qwen3-vl-moe-experts-replicated", 4, [3]),        # packed_colwise (_StridedShard) experts

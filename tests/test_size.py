@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import CASES, FIXTURES, read_json_any, run_cli, run_main
+from conftest import CASES, FIXTURES, read_json_any, run_main
 
 GB = 10**9
 
@@ -37,7 +37,7 @@ def test_qwen3_vl_moe_recommendation_and_kv(tmp_path):
     text = config_of("qwen3-vl-30b-a3b-instruct")["text_config"]
     per_token_tp1 = text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2 * 2
     assert per_token_tp1 == 98_304
-    proc = run_cli("size", str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), "--gpu-memory", "24GB",
+    proc = run_main("size", str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), "--gpu-memory", "24GB",
                    "--context", "32768", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -102,11 +102,11 @@ def test_linear_attention_state_is_per_sequence():
 
 
 def test_size_input_errors():
-    proc = run_cli("size", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"))
+    proc = run_main("size", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"))
     assert proc.returncode == 2 and "--gpu" in proc.stderr
-    proc = run_cli("size", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), "--gpu", "Z80")
+    proc = run_main("size", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), "--gpu", "Z80")
     assert proc.returncode == 2 and "H100-80GB" in proc.stderr
-    proc = run_cli("size", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), "--gpu", "h100_80gb",
+    proc = run_main("size", str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), "--gpu", "h100_80gb",
                    "--tp", "1,x")
     assert proc.returncode == 2 and "--tp" in proc.stderr
 
