@@ -119,6 +119,74 @@ def test_an_endpoint_that_went_down_falls_back_to_the_cache_at_once(qwen_dir, tm
     assert other.returncode == 2 and other.stderr.startswith(f"error: cannot reach {server.url}")
 
 
+def test_an_endpoint_that_never_answers_is_one_line_within_its_timeout(tmp_path):
+    """A server that accepts connections and never answers: huggingface_hub alone retries for minutes. tpaudit
+    waits HF_HUB_ETAG_TIMEOUT seconds once, then says so (exit 2)."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])   # kept open, never answered
+            except OSError:
+                pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        start = time.monotonic()
+        proc = run_env("check", "acme/anything", "--tp", "2",
+                       env={"HF_ENDPOINT": url, "HF_HOME": str(tmp_path), "HF_TOKEN": "", "HF_HUB_ETAG_TIMEOUT": "1"})
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot reach {url}") and "no answer within 1 s" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and elapsed < 15
+
+
+def test_an_endpoint_that_answers_404_to_everything_says_it_answered(tmp_path):
+    """A proxy or a wrong HF_ENDPOINT that answers 404 to every path: not "cannot reach", and never a message cut
+    mid-word."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(404)
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        proc = run_env("check", "acme/anything", "--tp", "2",
+                       env={"HF_ENDPOINT": url, "HF_HOME": str(tmp_path), "HF_TOKEN": ""})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "cannot reach" not in line and "404" in line, line
+
+
 def test_offline_without_cache_is_exit_2(hub, tmp_path):
     proc = run_env("check", REPO, "--tp", "4", env=env_for(hub, tmp_path / "empty", HF_HUB_OFFLINE="1"))
     assert proc.returncode == 2 and "offline" in proc.stderr and "Traceback" not in proc.stderr

@@ -40,12 +40,13 @@ def _endpoint() -> str:
 
 
 def _refuses_connections(endpoint: str) -> str | None:
-    """One request to `endpoint` before any download: the reason when the connection itself fails (refused, no such
-    host), `None` when anything answers (any HTTP status) or the request merely times out.
+    """One request to `endpoint` before any download: the reason when the connection fails (refused, no such host)
+    or nothing answers within `HF_HUB_ETAG_TIMEOUT` s (huggingface_hub's own timeout for metadata requests, 10 by
+    default); `None` when anything answers (any HTTP status).
 
-    huggingface_hub retries a failed connection 5 times with back-off (`utils/_http.py` `http_backoff`: 1+2+4+8+8 s),
-    so an endpoint that refuses connections would take ~25 s to report. A refused connection or an unknown host is
-    not transient; timeouts still get the client's retries.
+    huggingface_hub retries a failed or silent connection 5 times with back-off (`utils/_http.py` `http_backoff`),
+    each try waiting up to its own timeout: an endpoint that refuses connections takes ~25 s to report, one that
+    accepts connections and never answers several minutes. tpaudit asks once and then uses the caches.
     """
     import importlib
 
@@ -54,12 +55,30 @@ def _refuses_connections(endpoint: str) -> str | None:
     # the HTTP package huggingface_hub's session comes from (httpx, or httpx2 in huggingface_hub 2.x); a one-off
     # request on a new connection, so a pooled connection to a server that has since gone cannot answer for it
     http = importlib.import_module(type(get_session()).__module__.split(".")[0])
+    from huggingface_hub import constants
+
     try:
-        http.head(endpoint, timeout=10.0)
-    except Exception as e:  # noqa: BLE001 - only a failed connection counts; the rest is huggingface_hub's to handle
-        if any(cls.__name__ == "ConnectError" for cls in type(e).__mro__):
-            return f"ConnectError: {str(e)[:120]}"
+        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or constants.HF_HUB_ETAG_TIMEOUT)
+    except ValueError:
+        timeout = 10.0
+    try:
+        http.head(endpoint, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - only a failed or silent connection counts; the rest is huggingface_hub's
+        names = {cls.__name__ for cls in type(e).__mro__}
+        if "ConnectError" in names:
+            return f"ConnectError: {_clip(str(e), 120)}"
+        if "TimeoutException" in names or isinstance(e, TimeoutError):
+            return f"{type(e).__name__}: no answer within {timeout:g} s"
     return None
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` whole when it fits, else cut at the last space before `limit`, with an ellipsis (never mid-word)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[:cut if cut > 0 else limit] + " ..."
 
 
 def _offline() -> bool:
@@ -123,7 +142,12 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
                                      "HF_HUB_OFFLINE=1, or record a snapshot with 'tpaudit snapshot'",
                                      repo_id=repo_id, revision=revision) from None
         cause = e.__cause__ or e.__context__
-        reason = f"{type(cause).__name__}: {str(cause)[:120]}" if cause else str(e).splitlines()[0][:160]
+        answered = getattr(getattr(cause, "response", None), "status_code", None)
+        if answered is not None:  # the endpoint answered, with an error: not a network failure
+            raise HubError(f"cannot read {at}: {endpoint} answered HTTP {answered} for {what}, and it is not in the "
+                           "cache. Check HF_ENDPOINT (it must serve the Hub's API) and the repo id",
+                           repo_id=repo_id, revision=revision) from None
+        reason = f"{type(cause).__name__}: {_clip(str(cause), 120)}" if cause else _clip(str(e).splitlines()[0], 160)
         raise HubConnectionError(f"cannot reach {endpoint} for {at} ({reason}). Check the network or HF_ENDPOINT; "
                                  "HF_HUB_OFFLINE=1 uses the cache", repo_id=repo_id, revision=revision) from None
     if isinstance(e, hf.SafetensorsParsingError):
