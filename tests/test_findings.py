@@ -144,6 +144,7 @@ def test_unmapped_mtp_layer_deepseek_v3():
     # MLA attention of deepseek_v3 has no TP rules in transformers 5.23 (a known gap)
     errors = {f.target for f in report.findings if f.code == "TPA001" and f.severity == "error"}
     assert "model.layers.*.self_attn.q_b_proj.weight" in errors
+    assert report.model["bytes_caveat"] is None   # 2% of the checkpoint unmapped, nothing missing: no caveat
 
 
 def test_ep_overrides_tp_note(tmp_path):
@@ -229,3 +230,19 @@ def test_kimi_k25_per_expert_tensors_are_one_finding_not_23040():
     assert set(fused) == {"model.language_model.layers.*.mlp.experts.gate_up_proj",
                           "model.language_model.layers.*.mlp.experts.down_proj"}
     assert all(f.facts["unmapped_tensors_under_module"] and "TPA301" in f.message for f in fused.values())
+    assert "TPA302" in family[0].fix
+    # the headline bytes get a caveat: most of the checkpoint maps to nothing
+    share = family[0].facts["bytes"] / sum(nbytes(d, s) for _, d, s in tensors)
+    assert share > 0.9 and f"{share:.0%} of the checkpoint's" in report.model["bytes_caveat"]
+
+
+def test_no_plan_under_ep_says_the_experts_are_sharded_by_expert():
+    """granite-3.1-1b-a400m at tp 4 / ep 4: the EP plan shards the experts inside the layers, no TP rule shards
+    attention. TPA003 says exactly that, with the ep_size, instead of "shards nothing" followed by a list of layer
+    experts."""
+    report = audit(str(FIXTURES / "granite-3.1-1b-a400m-instruct.snapshot.json.gz"), tp=4, ep=4)
+    (f,) = by_code(report, "TPA003")
+    assert "only the expert-parallel plan shards (ep_size 4" in f.message
+    assert "block_sparse_moe.experts.gate_up_proj" in f.message and "the plan shards only" not in f.message
+    attention = sum(g.total_bytes for g in report.shard_map.groups if ".self_attn." in g.generic_name)
+    assert attention > 0 and f.facts["layer_bytes"] >= attention

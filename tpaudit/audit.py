@@ -123,7 +123,27 @@ def _model_info(built: BuiltModel) -> dict:
         "checkpoint_bytes": source.checkpoint_bytes,
         "quantization": built.quantization.to_json() if built.quantization else None,
         "config_path": source.config_path,
+        "bytes_caveat": _bytes_caveat(built),
     }
+
+
+# share of the checkpoint's bytes that may map to nothing before the report's byte counts get a caveat
+_UNMAPPED_CAVEAT_SHARE = 0.10
+
+
+def _bytes_caveat(built: BuiltModel) -> str | None:
+    """One sentence when the report's bytes are not the checkpoint's: more than 10% of the checkpoint's bytes map to
+    no parameter (TPA301) while parameters have no checkpoint tensor (TPA302) and are counted in their own dtype
+    (Kimi-K2.5: per-expert int4 tensors the loader does not fill fused bf16 experts from, here). `None` otherwise."""
+    mapping, total = built.mapping, built.source.checkpoint_bytes
+    if mapping is None or not total or not mapping.unmapped or not mapping.missing:
+        return None
+    unmapped = sum(t.nbytes for t, _ in mapping.unmapped)
+    if unmapped <= _UNMAPPED_CAVEAT_SHARE * total:
+        return None
+    return (f"{unmapped / total:.0%} of the checkpoint's {total:,} B map to no parameter (TPA301) while "
+            f"{len(mapping.missing)} parameters have no checkpoint tensor and count in the model dtype (TPA302): the "
+            "bytes below are the built model's, not what a load of this checkpoint holds")
 
 
 def replicated_families(shard_map, findings: list[Finding]) -> tuple[ReplicatedFamily, ...]:

@@ -62,9 +62,20 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
                      f"map to no parameter of {ctx.architecture}: "
                      f"{where + ' does not exist' if len(roots) == 1 else 'none of these parts exists'} in the "
                      "model, so the loader drops them"),
-            fix="Check that the checkpoint matches the model class; ignore if the part is unused at inference",
+            fix=("These tensors sit in a module whose parameters have no checkpoint tensor (TPA302): they are likely "
+                 "those parameters in a stored form that is not mapped here (a quantization format whose quantizer "
+                 "cannot run here, or a layout the loader converts); the bytes of those parameters are the "
+                 "model dtype's" if _under_missing(ctx, generic) else
+                 "Check that the checkpoint matches the model class; ignore if the part is unused at inference"),
             facts={"count": len(members), "bytes": total, "root": roots[0] if len(roots) == 1 else generic,
                    "roots": len(roots), "examples": [t.name for t, _ in members[:5]]})
+
+
+def _under_missing(ctx: CheckContext, generic_root: str) -> bool:
+    """Whether a parameter the checkpoint does not fill lives in the module that holds `generic_root` (for
+    `layers.*.mlp.experts.*`: a missing `layers.*.mlp.experts.gate_up_proj`)."""
+    parent = generic_root.rsplit(".", 1)[0]
+    return any(generic_name(name).rsplit(".", 1)[0] == parent for name in ctx.mapping.missing)
 
 
 def _missing_root(ctx: CheckContext, renamed: str) -> str:

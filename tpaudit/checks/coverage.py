@@ -299,8 +299,13 @@ def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
     if len(sharded_elsewhere) > 4:
         what += f" and {len(sharded_elsewhere) - 4} more"
     layer_bytes = sum(g.total_bytes for g in layer_groups if g.sharding != "sharded")
+    ep_in_layers = [g for g in layer_groups if g.sharding == "sharded" and g.first.plan == "ep"]
     if ctx.plan.loader_errors:
         why = "; ".join(ctx.plan.loader_errors)
+    elif ep_in_layers:
+        why = (f"inside the layers only the expert-parallel plan shards (ep_size {sm.ep_size}: "
+               f"{', '.join(f'`{g.generic_name}`' for g in ep_in_layers[:3])}), so attention and any dense MLP stay "
+               "whole")
     elif sharded_elsewhere:
         why = f"the plan shards only {what}"
     else:

@@ -27,6 +27,7 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
              f"{plural(errors, 'error')}, {plural(warnings, 'warning')}, {plural(notes, 'note')} · "
              f"{unit_legend(unit)}", "",
              *([f"> ⚠️ {_cell(report.versions['untested'])}", ""] if report.versions.get("untested") else []),
+             *([f"> ⚠️ {_cell(m['bytes_caveat'])}", ""] if m.get("bytes_caveat") else []),
              "| | |", "|---|---|",
              f"| model | `{_cell(m.get('architecture'))}` ({_cell(m.get('model_type'))}, {m.get('dtype')}) |",
              f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]

@@ -40,6 +40,8 @@ def _summary(report: Report, unit: str) -> Table:
         rev = m.get("commit") or m.get("revision")
         t.add_row("source", f"{where} {escape(m['repo_id'])}" + (f" @ {rev}" if rev else " (revision not recorded)"))
     t.add_row("parallelism", f"tp_size {sm.tp_size}, ep_size {sm.ep_size}, world size {sm.world_size}")
+    if m.get("bytes_caveat"):
+        t.add_row("caveat", Text(m["bytes_caveat"], style="bold yellow"))
     t.add_row("model bytes", f"{format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)})")
     ranks = sm.rank_param_bytes
     worst = sm.worst_rank
