@@ -612,3 +612,24 @@ def test_pairs_transformers_refuses_stay_as_invalid_rows_and_error_plans_say_so(
     proc = run_main("size", snap, "--gpu-memory", "80GB", "--tp", "4", "--plan", str(plan))
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("tp 4 ep 1 loads, but its plan has"))
     assert "TPA001" in line and "tpaudit check --tp 4" in proc.stdout.replace("\n", " ")
+
+
+def test_a_context_beyond_max_position_embeddings_is_noted():
+    config = config_of("qwen3-vl-30b-a3b-instruct")
+    cap = config["text_config"]["max_position_embeddings"]
+    proc = run_main("size", str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), "--gpu-memory", "80GB",
+                    "--tp", "4", "--context", str(cap + 1), "--format", "json")
+    notes = json.loads(proc.stdout)["notes"]
+    assert any(f"--context {cap + 1:,} exceeds the model's max_position_embeddings ({cap:,})" in n for n in notes)
+    proc = run_main("size", str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), "--gpu-memory", "80GB",
+                    "--tp", "4", "--context", str(cap), "--format", "json")
+    assert not any("exceeds" in n for n in json.loads(proc.stdout)["notes"])
+
+
+def test_no_fit_advice_names_the_activation_budget_only_when_there_is_one():
+    snap = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
+    plain = run_main("size", snap, "--gpu-memory", "24GB", "--tp", "4", "--training")
+    assert plain.returncode == 1 and "No option fits for training" in plain.stdout
+    assert "activation budget" not in plain.stdout.split("No option fits for training")[1]
+    budget = run_main("size", snap, "--gpu-memory", "24GB", "--tp", "4", "--training", "--activation-budget", "1GiB")
+    assert "smaller activation budget" in " ".join(budget.stdout.split())

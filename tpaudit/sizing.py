@@ -465,6 +465,9 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     versions = audit.versions
     options, model_info, notes, kv_name = [], None, set(), kv_dtype
     cap_tokens = max_position_embeddings(source.config)
+    if cap_tokens is not None and context > cap_tokens:
+        notes.add(f"--context {context:,} exceeds the model's max_position_embeddings ({cap_tokens:,}): the KV cache "
+                  "is sized as asked, but the model is not configured for sequences that long")
     frozen: dict[str, dict] = {}
     # pairs transformers would refuse stay in the table as invalid rows, so no size asked for silently disappears
     for tp, ep in pairs:

@@ -156,9 +156,10 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
             total = sum(v for _, v in parts)
             console.print(Text(f"  rank {r.rank:<3}") + _bar(parts, cap) + Text(f" {format_bytes(total, unit)}"))
     elif training:
+        budget = ", or a smaller activation budget" if report.training.activation_budget_bytes else ""
         console.print(Text("No option fits for training: use more or larger GPUs, shard the states further "
-                           "(ZeRO/FSDP), a lighter optimizer (--optimizer adafactor), --no-master-weights, or a "
-                           "smaller activation budget.", style="bold red"))
+                           "(ZeRO/FSDP), a lighter optimizer (--optimizer adafactor), --no-master-weights"
+                           f"{budget}.", style="bold red"))
     else:
         console.print(Text("No option fits: use more or larger GPUs, a shorter context, or a smaller KV dtype.",
                            style="bold red"))
