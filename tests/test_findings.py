@@ -231,6 +231,14 @@ def test_kimi_k25_per_expert_tensors_are_one_finding_not_23040():
                           "model.language_model.layers.*.mlp.experts.down_proj"}
     assert all(f.facts["unmapped_tensors_under_module"] and "TPA301" in f.message for f in fused.values())
     assert "TPA302" in family[0].fix
+    # the vision tower's fused wqkv is split by the loader (conversion_mapping "kimi_k25": Chunk into attn.q_proj,
+    # k_proj, v_proj): all three are filled, none is missing
+    wqkv = [n for n, _, _ in tensors if n.endswith((".wqkv.weight", ".wqkv.bias"))]
+    config = json.loads(__import__("gzip").decompress((FIXTURES / "kimi-k2.5.snapshot.json.gz").read_bytes()))["config"]
+    assert len(wqkv) == 2 * config["vision_config"]["vt_num_hidden_layers"] == 54   # a weight and a bias per block
+    assert not [f.target for f in by_code(report, "TPA302") if "vision_tower" in f.target]
+    missing = sum(f.facts["count"] for f in by_code(report, "TPA302"))
+    assert missing == 2 * 60   # the fused experts' gate_up_proj and down_proj of the 60 MoE layers, nothing else
     # the headline bytes get a caveat: most of the checkpoint maps to nothing
     share = family[0].facts["bytes"] / sum(nbytes(d, s) for _, d, s in tensors)
     assert share > 0.9 and f"{share:.0%} of the checkpoint's" in report.model["bytes_caveat"]

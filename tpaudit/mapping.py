@@ -225,6 +225,14 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
             continue
         mapping.companions[runtime] = tensor
 
+    # one tensor the loader splits into several parameters (a Chunk of a fused wqkv into q/k/v): the first target
+    # is its renamed key; the others are filled by the same conversion, so they are not missing
+    filled = set()
+    if renamer.siblings is not None:
+        for runtime, patterns in by_pattern.items():
+            for pattern in patterns:
+                filled.update(s for s in renamer.siblings(runtime, pattern) if s in params)
+
     _check_shapes(mapping, model, tensors, by_pattern, params, renamer, tf)
 
     # Add companions; remove the params they replace (their module is stored in another, quantized form).
@@ -239,7 +247,8 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
                 tf.remove_parameter(model, name)
                 mapping.superseded.append(name)
     mapping.missing = [name for name, *_ in tf.parameter_table(model)
-                       if name not in mapping.by_param and name not in mapping.companions and name not in tied]
+                       if name not in mapping.by_param and name not in mapping.companions and name not in tied
+                       and name not in filled]
     return mapping
 
 

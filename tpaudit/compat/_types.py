@@ -104,10 +104,14 @@ class Renamer:
         rename (`Callable[[str], tuple[str, str | None]]`): `(runtime name, converter source pattern or None)`.
         converters (`dict[str, object]`): converter source pattern -> the converter (opaque; given back to the seam
             to convert shapes).
+        siblings (`Callable[[str, str], list[str]]`): `(runtime name, source pattern)` -> the other runtime names the
+            same converter fills from that tensor (a `Chunk` of `wqkv` into q/k/v: the loader renames the key to the
+            first target and fills every target).
     """
 
     rename: object
     converters: dict = field(default_factory=dict)
+    siblings: object = None
 
 
 class SeamError(Exception):

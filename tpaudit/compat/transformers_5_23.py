@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from typing import Any
 
@@ -489,7 +490,18 @@ class Transformers523:
                                                      meta_state_dict=meta_state_dict)
             return renamed, pattern
 
-        return Renamer(rename=rename, converters=by_pattern)
+        def siblings(runtime: str, pattern: str) -> list[str]:
+            # WeightConverter(source_patterns=["wqkv"], target_patterns=["attn.q_proj", "attn.k_proj", ...]): the key
+            # is renamed with the first target; the operations fill all of them. Literal patterns only (a regex
+            # target cannot be swapped in by text; such a converter is left alone).
+            converter = by_pattern.get(pattern)
+            targets = [t.replace("\\.", ".") for t in getattr(converter, "target_patterns", None) or []]
+            if len(targets) < 2 or not all(re.fullmatch(r"[\w.]+", t) for t in targets) or targets[0] not in runtime:
+                return []
+            head, _, tail = runtime.rpartition(targets[0])
+            return [head + t + tail for t in targets[1:]]
+
+        return Renamer(rename=rename, converters=by_pattern, siblings=siblings)
 
     def converted_shape(self, renamer: Renamer, target: str, sources: dict[str, list[tuple[tuple[int, ...], str]]],
                         model) -> tuple[int, ...] | None:
