@@ -317,3 +317,14 @@ def test_interrupt_is_130_and_an_internal_bug_is_4(monkeypatch):
     assert proc.returncode == 4 and len(lines) == 1
     assert lines[0].startswith("error: internal error: ZeroDivisionError: division by zero") and \
         "TPAUDIT_DEBUG=1" in lines[0]
+
+
+def test_a_plan_file_that_repeats_a_rule_is_refused(tmp_path):
+    """JSON keeps the last of two equal keys: a plan giving q_proj colwise then rowwise silently means rowwise."""
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"layers.*.self_attn.q_proj": "colwise", "layers.*.mlp.up_proj": "colwise", '
+                    '"layers.*.self_attn.q_proj": "rowwise"}')
+    assert_input_error(run_main("check", LLAMA, "--tp", "2", "--plan", str(plan)),
+                       "'layers.*.self_attn.q_proj' is given more than once")
+    plan.write_text('{"layers.*.self_attn.q_proj": "colwise", "layers.*.mlp.up_proj": "colwise"}')
+    assert run_main("check", LLAMA, "--tp", "2", "--plan", str(plan)).returncode in (0, 1)

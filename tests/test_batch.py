@@ -154,7 +154,7 @@ def test_jobs_2_equals_single_check_runs(tmp_path):
     # Qwen3-VL-30B-A3B has 4 KV heads: tp 8 splits them (TPA102, an error), so some line fails -> exit 1.
     assert expected_exit == 1
     assert proc.returncode == expected_exit, proc.stderr
-    assert "2 could not be audited" not in proc.stdout and "1 could not be audited" in proc.stdout
+    assert "2 with lines that could not run" not in proc.stdout and "1 with lines that could not run" in proc.stdout
     assert f"`{MISSING}` | 4 | 1 | 2 |" in proc.stdout
 
 
@@ -322,7 +322,7 @@ def test_unreadable_models_fail_only_with_strict(tmp_path, cache_env):
     proc = run_main("batch", str(listing), "--tp", "4", "-o", str(out))
     assert proc.returncode == 0, proc.stderr                  # Llama at tp 4 is clean; MISSING is an error line
     assert [d["status"] for d in read_lines(out)] == ["ok", "error"]
-    assert "1 could not be audited" in proc.stdout
+    assert "1 with lines that could not run" in proc.stdout
     strict = run_main("batch", str(listing), "--tp", "4", "-o", str(out), "--strict")
     assert strict.returncode == 1
 

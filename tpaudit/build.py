@@ -164,11 +164,20 @@ def load_plan_file(path: str) -> dict[str, str]:
     """
     from .sources.files import PLAN_MAX_BYTES, load_json, read_capped  # regular file, size cap, no FIFO/device
 
-    plan = load_json(read_capped(path, "--plan file", PLAN_MAX_BYTES, lambda m: PlanError(m, path=path)),
-                     "--plan file", path, lambda m: PlanError(m, path=path))
+    raw = read_capped(path, "--plan file", PLAN_MAX_BYTES, lambda m: PlanError(m, path=path))
+    plan = load_json(raw, "--plan file", path, lambda m: PlanError(m, path=path))
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
         raise PlanError(f"--plan {path} must be a JSON object of rule -> style strings, e.g. "
                         '{"layers.*.self_attn.q_proj": "colwise"}', path=path)
+    if len(plan) < raw.count(b":"):  # cheap pre-check; a colon inside a key or style is rare, so confirm it
+        import json
+        from collections import Counter
+
+        counts = Counter(k for k, _ in json.loads(raw, object_pairs_hook=list))
+        repeated = sorted(k for k, n in counts.items() if n > 1)
+        if repeated:
+            raise PlanError(f"--plan {path}: rule {repeated[0][:80]!r} is given more than once; JSON keeps only the "
+                            "last, so the file does not say what it seems to. Keep one", path=path)
     validate_plan(plan, origin=f"--plan {path}")
     return plan
 

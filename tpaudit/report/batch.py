@@ -17,7 +17,8 @@ def _sizes(summary: BatchSummary) -> str:
 
 def _rate(summary: BatchSummary) -> str:
     rate = summary.models_per_minute
-    return f"{summary.seconds:.1f} s" + (f" ({rate:,.1f} models/min)" if rate is not None else "")
+    return f"{summary.seconds:.1f} s of auditing, start-up not counted" + (
+        f" ({rate:,.1f} models/min)" if rate is not None else "")
 
 
 def _headline(summary: BatchSummary) -> list[str]:
@@ -25,7 +26,7 @@ def _headline(summary: BatchSummary) -> list[str]:
     return [
         f"{plural(summary.model_count, 'model')} at {_sizes(summary)}: {plural(len(summary.results), 'line')} in "
         f"{_rate(summary)}; {summary.computed} computed, {summary.cached} from the cache",
-        f"models: {m['ok']} clean, {m['findings']} with error findings, {m['error']} could not be audited · lines: "
+        f"models: {m['ok']} clean, {m['findings']} with error findings, {m['error']} with lines that could not run · lines: "
         f"{ln['ok']} ok ({summary.lines_with_errors} with error findings), {ln['error']} error",
         f"findings: {plural(f['error'], 'error')}, {plural(f['warning'], 'warning')}, {plural(f['note'], 'note')}",
     ]
