@@ -4,6 +4,7 @@ plan and the layer structure of its modeling file, not from tpaudit."""
 from __future__ import annotations
 
 import json
+import os
 from html.parser import HTMLParser
 
 import pytest
@@ -26,13 +27,14 @@ BY_DESIGN = {"self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"}
 
 
 @pytest.fixture(scope="module")
-def scanned(tmp_path_factory, worker_id):
+def scanned(tmp_path_factory):
     """The scan of SELECTED, run once for the whole session: the first xdist worker to get here writes it, the others
     wait on the lock and read it (the pattern pytest-xdist documents for once-per-session fixtures)."""
     from filelock import FileLock
 
     # under xdist each worker's base temp is a child of the session's; without it, the base temp is the session's
-    session_dir = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    session_dir = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
     out = session_dir / "scan-selected.json"
     with FileLock(f"{out}.lock"):
         if not out.is_file():

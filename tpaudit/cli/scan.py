@@ -38,7 +38,10 @@ def scan(
     from ..scan import scan as run_scan
     from ._output import emit
 
+    from ..model import ParallelSizes
+
     get("scan", format)
+    ParallelSizes.of(tp, names=("--tp", "--ep"))  # the size in the flag's own words before any work
     report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
     emit("scan", format, report, output)
     gated = report.models if (model_type or strict) else []

@@ -7,7 +7,7 @@ import html
 
 from ..scan import COMPONENTS, ScanReport
 from . import renderer
-from ..units import format_bytes, plural
+from ..units import format_bytes, plural, unit_legend
 
 
 @renderer("scan", "table", rich=True, width=200)
@@ -18,7 +18,7 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
 
     counts = ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items()))
     console.print(Text(f"tpaudit scan · tp_size {report.tp_size} · {plural(len(report.models), 'model type')} "
-                       f"({counts}) · {report.seconds:.0f} s", style="bold"))
+                       f"({counts}) · {report.seconds:.0f} s · {unit_legend('GiB')}", style="bold"))
     t = Table(header_style="bold")
     for col in ("model_type", "status", "errors", "replicated", "share", "replicated families (error)", "unused rules"):
         t.add_column(col, overflow="fold")
