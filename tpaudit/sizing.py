@@ -306,9 +306,8 @@ def _kv_heads_split(kv: dict | None) -> str | None:
         return None
     whole = kv["kv_heads"] if isinstance(kv["kv_heads"], list) else [kv["kv_heads"]]
     return (f"the plan splits a KV head: the {' / '.join(str(h) for h in whole)} KV heads leave ranks "
-            f"holding {', '.join(f'{h:g}' for h in split)} KV heads in at least one cached layer, so the KV cache and the "
-            "sharded attention "
-            "disagree (TPA102)")
+            f"holding {', '.join(f'{h:g}' for h in split)} KV heads in at least one cached layer, so the KV cache "
+            "and the sharded attention disagree (TPA102)")
 
 
 def _kv_bytes(kv: dict, rank: int, context: int, batch: int, scale: float) -> int:

@@ -191,7 +191,7 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
         attr, attr_value = attribute_for(cfg, "key_value_heads", heads, "num_key_value_heads", raw)
         target = ctx.config_target(attr)
         exact = shares[heads]
-        text = " / ".join(f"{h:.3g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.3g} .. {min(exact):.3g}"
+        text = " / ".join(f"{h:.5g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.5g} .. {min(exact):.5g}"
         valid = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
         tf_answer = _transformers_kv_heads(ctx, heads, tp)
         yield Finding(

@@ -132,8 +132,8 @@ def _masked_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
         seen.add(s.module)
         yield Finding(
             code="TPA501", kind="packed_layout", severity="warning", target=s.rule or s.module,
-            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and the forward cuts its output "
-                     f"into parts ({s.action}); the parity run failed first at `{parity.first_divergent_module}`, "
+            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and "
+                     f"the forward cuts its output into parts ({s.action}); the parity run failed first at `{parity.first_divergent_module}`, "
                      "so it could not tell whether this split keeps the parts together"),
             fix="Fix the error above and run tpaudit check again: the parity run then decides this one",
             facts={"style": "colwise", "evidence": "trace", "confirmed": False,

@@ -26,7 +26,8 @@ def _headline(summary: BatchSummary) -> list[str]:
     return [
         f"{plural(summary.model_count, 'model')} at {_sizes(summary)}: {plural(len(summary.results), 'line')} in "
         f"{_rate(summary)}; {summary.computed} computed, {summary.cached} from the cache",
-        f"models: {m['ok']} clean, {m['findings']} with error findings, {m['error']} with lines that could not run · lines: "
+        f"models: {m['ok']} clean, {m['findings']} with error findings, {m['error']} with lines that could not run"
+        " · lines: "
         f"{ln['ok']} ok ({summary.lines_with_errors} with error findings), {ln['error']} error",
         f"findings: {plural(f['error'], 'error')}, {plural(f['warning'], 'warning')}, {plural(f['note'], 'note')}",
     ]
