@@ -68,3 +68,13 @@ def plural(n: int, word: str) -> str:
 def format_int(n: int) -> str:
     """`62141508064` -> `"62,141,508,064"`."""
     return f"{n:,}"
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` with its whitespace collapsed, whole when it fits in `width` characters, else cut at a word boundary
+    and ended with " ..." (`textwrap.shorten`), so a message never stops mid-word or mid-value. A first word longer
+    than `width` is cut where it must be."""
+    import textwrap
+
+    short = textwrap.shorten(text, width, placeholder=" ...")
+    return short if short.strip(" .") else " ".join(text.split())[:width] + " ..."

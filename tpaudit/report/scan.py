@@ -7,7 +7,7 @@ import html
 
 from ..scan import COMPONENTS, ScanReport
 from . import renderer
-from ..units import format_bytes, plural, unit_legend
+from ..units import format_bytes, plural, shorten, unit_legend
 
 
 @renderer("scan", "table", rich=True, width=200)
@@ -27,7 +27,7 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
             continue
         share = m.replicated_share
         style = "red" if m.errors else ("dim" if m.status != "ok" else "")
-        t.add_row(m.model_type, m.status + (f": {_clip(m.reason or '', 160)}" if m.status == "build_failed" else ""),
+        t.add_row(m.model_type, m.status + (f": {shorten(m.reason or '', 160)}" if m.status == "build_failed" else ""),
                   str(m.errors), format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else "-",
                   f"{share:.1%}" if share is not None else "-", m.error_families(), str(len(m.unused_rules)),
                   style=style)
@@ -134,10 +134,3 @@ def render_html(report: ScanReport, **_) -> str:
         f"<th>model bytes</th>{head}<th>replicated families (error)</th></tr></thead><tbody>"
         + "".join(rows) + f"</tbody></table><script>{_SCRIPT}</script></body></html>\n")
 
-
-def _clip(text: str, limit: int) -> str:
-    """`text` whole when it fits, else cut at the last space before `limit` with an ellipsis (never mid-value)."""
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return text[:cut if cut > 0 else limit] + " …"

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from ..errors import (CheckpointError, ConfigError, GatedRepoError, HubConnectionError, HubError,
                       RepoNotFoundError, TpauditError)
 from ..model import ModelSource
+from ..units import shorten
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -66,19 +67,10 @@ def _refuses_connections(endpoint: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - only a failed or silent connection counts; the rest is huggingface_hub's
         names = {cls.__name__ for cls in type(e).__mro__}
         if "ConnectError" in names:
-            return f"ConnectError: {_clip(str(e), 120)}"
+            return f"ConnectError: {shorten(str(e), 120)}"
         if "TimeoutException" in names or isinstance(e, TimeoutError):
             return f"{type(e).__name__}: no answer within {timeout:g} s"
     return None
-
-
-def _clip(text: str, limit: int) -> str:
-    """`text` whole when it fits, else cut at the last space before `limit`, with an ellipsis (never mid-word)."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return text[:cut if cut > 0 else limit] + " ..."
 
 
 def _offline() -> bool:
@@ -147,7 +139,8 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
             raise HubError(f"cannot read {at}: {endpoint} answered HTTP {answered} for {what}, and it is not in the "
                            "cache. Check HF_ENDPOINT (it must serve the Hub's API) and the repo id",
                            repo_id=repo_id, revision=revision) from None
-        reason = f"{type(cause).__name__}: {_clip(str(cause), 120)}" if cause else _clip(str(e).splitlines()[0], 160)
+        reason = (f"{type(cause).__name__}: {shorten(str(cause), 120)}" if cause
+                  else shorten(str(e).splitlines()[0], 160))
         raise HubConnectionError(f"cannot reach {endpoint} for {at} ({reason}). Check the network or HF_ENDPOINT; "
                                  "HF_HUB_OFFLINE=1 uses the cache", repo_id=repo_id, revision=revision) from None
     if isinstance(e, hf.SafetensorsParsingError):
@@ -156,7 +149,7 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
     if isinstance(e, (AttributeError, TypeError, KeyError, ValueError)) and what != "config.json" and \
             not isinstance(e, hf.HfHubHTTPError):
         raise CheckpointError(f"cannot read the safetensors headers of {at}: a header is malformed "
-                              f"({type(e).__name__}: {str(e)[:160]}). The repo's checkpoint is corrupt") from None
+                              f"({type(e).__name__}: {shorten(str(e), 160)}). The repo's checkpoint is corrupt") from None
     if isinstance(e, hf.HfHubHTTPError):
         raise HubError(f"cannot read {at}: {endpoint} answered HTTP {status}. Retry later or check HF_ENDPOINT",
                        repo_id=repo_id, revision=revision) from None
