@@ -596,8 +596,8 @@ def test_cli_training_flags_bad_input():
 
 
 def test_pairs_transformers_refuses_stay_as_invalid_rows_and_error_plans_say_so():
-    """Every (tp, ep) pair asked for gets a row: ep 4 with tp 2 is not a pair transformers 5.23/5.24 accept (experts
-    are sharded over the tp ranks), so it is invalid with the reason, not dropped. A plan with error findings (the
+    """Every (tp, ep) pair asked for gets a row: ep 4 with tp 2 is not a pair transformers 5.23/5.24 accept
+    (`DistributedConfig`: ep_size must divide fsdp_size x tp_size), so it is invalid with transformers' reason. A plan with error findings (the
     pre-fix Qwen3-VL plan replicates the experts: TPA001) loads, and the terminal report says its bytes are that
     plan's."""
     snap = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
@@ -605,7 +605,7 @@ def test_pairs_transformers_refuses_stay_as_invalid_rows_and_error_plans_say_so(
     assert proc.returncode == 0, proc.stderr
     opts = {(o["tp_size"], o["ep_size"]): o for o in json.loads(proc.stdout)["options"]}
     assert set(opts) == {(2, 1), (2, 4), (4, 1), (4, 4)}
-    assert opts[(2, 4)]["valid"] is False and "ep_size 4 must be 1 or equal tp_size 2" in opts[(2, 4)]["reason"]
+    assert opts[(2, 4)]["valid"] is False and "rejected by transformers" in opts[(2, 4)]["reason"]
     assert all(opts[p]["valid"] for p in [(2, 1), (4, 1), (4, 4)])
 
     plan = CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json"

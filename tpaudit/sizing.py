@@ -423,8 +423,9 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         capacity_bytes (`int`): memory of one GPU, bytes.
         gpu_name (`str`, *optional*): preset name, for the report.
         tp_sizes (`list[int]`): tensor-parallel sizes to try.
-        ep_sizes (`list[int]`, *optional*): expert-parallel sizes; each is combined with the tp sizes it is valid
-            for in transformers 5.23 (1, or equal to tp). Default `[1]`.
+        ep_sizes (`list[int]`, *optional*): expert-parallel sizes, each combined with every tp size; a pair the
+            installed transformers refuses (5.23/5.24 without FSDP: ep_size 1 or tp_size) is an invalid option with
+            transformers' reason. Default `[1]`.
         context (`int`): tokens per sequence kept in the KV cache.
         batch (`int`): sequences.
         kv_dtype (`str`, *optional*): cache dtype (`bfloat16`, `float16`, `float8_e4m3fn`, `float32`); default: the
@@ -439,7 +440,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         the model states per rank.
 
     Raises:
-        UsageError: no valid size to try, or a bad kv dtype.
+        UsageError: a size out of range, a non-positive context or batch, or a bad kv dtype.
         ConfigError, PlanError: as for `check`.
     """
     import torch
@@ -456,10 +457,6 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         if any(v < 1 or v > MAX_WORLD_SIZE for v in values):
             raise UsageError(f"{flag} {','.join(map(str, values))}: each size must be between 1 and {MAX_WORLD_SIZE}")
     pairs = sorted({(tp, ep) for tp in tp_sizes for ep in ep_sizes})
-    combos = [(tp, ep) for tp, ep in pairs if ep in (1, tp)]
-    if not combos:
-        raise UsageError(f"no (tp, ep) pair to try: --ep {ep_sizes} must be 1 or equal to one of --tp {tp_sizes} "
-                         "(transformers 5.23/5.24 without FSDP)")
     audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
                                        trust_remote_code=trust_remote_code, dtype=dtype))
     versions = audit.versions
@@ -469,13 +466,9 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         notes.add(f"--context {context:,} exceeds the model's max_position_embeddings ({cap_tokens:,}): the KV cache "
                   "is sized as asked, but the model is not configured for sequences that long")
     frozen: dict[str, dict] = {}
-    # pairs transformers would refuse stay in the table as invalid rows, so no size asked for silently disappears
+    # every pair asked for gets a row: one transformers refuses (its DistributedConfig / sharding, through the seam)
+    # is an invalid row with transformers' reason, so no size silently disappears
     for tp, ep in pairs:
-        if (tp, ep) not in combos:
-            options.append(SizeOption(tp, ep, False, f"not tried: ep_size {ep} must be 1 or equal tp_size {tp} "
-                                      "(transformers 5.23/5.24 shard experts over the tp ranks)", (), 0,
-                                      capacity_bytes, 0))
-            continue
         try:
             report = audit.report(ParallelSizes.of(tp, ep), parity="off")
         except UsageError as e:
