@@ -73,7 +73,8 @@ def size(
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU: 80GB, 24GiB, ...")]
     = None,
     tp: Annotated[str, typer.Option("--tp", help="tp sizes to try, comma-separated.")] = "1,2,4,8",
-    ep: Annotated[str, typer.Option("--ep", help="ep sizes to try with every tp size; a pair transformers refuses (ep not 1 or tp in 5.23/5.24) is shown invalid.")] = "1",
+    ep: Annotated[str, typer.Option("--ep", help="ep sizes to try with every tp size; a pair transformers refuses "
+                                          "(ep not 1 or tp in 5.23/5.24) is shown invalid.")] = "1",
     context: Annotated[int, typer.Option("--context", help="Tokens per sequence in the KV cache.")] = 8192,
     batch: Annotated[int, typer.Option("--batch", help="Sequences held at once.")] = 1,
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype (default: the model's): "
