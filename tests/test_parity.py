@@ -99,7 +99,8 @@ def test_shrink_keeps_every_residue_mod_tp_and_the_head_counts():
     """Gemma-4-26B-A4B at tp 4, by hand: m = 2 * 4 = 8. head_dim 256 -> 8 (smallest >= 8 with the same residue mod 8
     whose rotary quarter, 8 * 0.25 = 2, is even); the global layers' 512 -> 16 (the next such width: wider heads stay
     wider); hidden 2816 = 0 mod 32 (divisible by 16 heads, 8 KV heads and 2 * 16) -> 32; intermediate 2112, MoE 704 ->
-    8; vocab 262144 -> 64. Head, KV-head and expert counts are not scaled."""
+    8; vocab 262144 -> 64; 128 experts with a top-8 router -> 16 (the floor: max(16, 2 * 8), 16 = 128 mod 8). Head
+    and KV-head counts and the router's top-k are not scaled."""
     from tpaudit.parity import shrink_config
 
     text = snap_config("gemma-4-26b-a4b").get_text_config(decoder=True)
@@ -111,7 +112,8 @@ def test_shrink_keeps_every_residue_mod_tp_and_the_head_counts():
         real["per_layer_config"], 16)
     assert {k: v["num_key_value_heads"] for k, v in small["per_layer_config"].items()} == dict.fromkeys(
         real["per_layer_config"], 2)
-    for key in ("num_attention_heads", "num_key_value_heads", "num_experts", "top_k_experts", "layer_types"):
+    assert real["num_experts"] == 128 and small["num_experts"] == 16
+    for key in ("num_attention_heads", "num_key_value_heads", "top_k_experts", "layer_types"):
         assert small[key] == real[key]
     for label, (before, after) in shrunk.items():
         assert before % 4 == after % 4 and before % 2 == after % 2, label
@@ -119,6 +121,25 @@ def test_shrink_keeps_every_residue_mod_tp_and_the_head_counts():
         small, shrunk = shrink_config(real, tp)
         for label, (before, after) in shrunk.items():
             assert before % tp == after % tp, (tp, label)
+
+
+def test_expert_count_keeps_divisibility_and_group_limited_routing():
+    """By hand. DeepSeek-V3: 256 experts in n_group 8, topk_group 4, top-8. At tp 8 (m = 16) the smallest v >= 16
+    with v = 256 = 0 (mod 16), 8 | v, v / 8 >= 2 and 4 * v / 8 >= 8 is 16. Qwen2-MoE's 60 experts at tp 8: 60 = 12
+    (mod 16), floor max(16, 2 * 4) = 16 -> 28 (indivisible by 8 stays so, with remainder 4). A count at or under the
+    floor (Mixtral's 8), or one whose top-k the config does not name, is kept."""
+    from tpaudit.parity import shrink_config
+
+    deepseek = {"n_routed_experts": 256, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8}
+    small, shrunk = shrink_config(deepseek, 8)
+    assert small["n_routed_experts"] == 16 and shrunk["n_routed_experts"] == [256, 16]
+    assert (small["n_group"], small["topk_group"], small["num_experts_per_tok"]) == (8, 4, 8)
+    small, _ = shrink_config({"num_experts": 60, "num_experts_per_tok": 4}, 8)
+    assert small["num_experts"] == 28 and 28 % 8 == 60 % 8
+    small, _ = shrink_config({"num_local_experts": 8, "num_experts_per_tok": 2}, 4)
+    assert small["num_local_experts"] == 8
+    small, _ = shrink_config({"num_experts": 64, "moe_k": 6}, 4)
+    assert small["num_experts"] == 64
 
 
 def test_one_layer_of_each_kind_in_real_order_with_per_layer_overrides():

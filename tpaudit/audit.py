@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .build import BuildOptions, BuiltModel, build_model
 from .checks.registry import CheckContext, CheckOptions, get_rule, run_checks
+from .evidence import gather as gather_evidence
 from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
                     why_unsharded)
 from .plan import ResolvedPlan, resolve_plan
@@ -71,7 +72,7 @@ class Audit:
         shard_map = simulate(built, resolved)
         if proposed is None:
             proposed = plan is not None or self.options.plan_override is not None
-        evidence = self._parity(resolved, shard_map, parity, proposed=proposed)
+        evidence = gather_evidence(built, resolved, shard_map, parity, proposed=proposed)
         ctx = CheckContext(built=built, plan=resolved, shard_map=shard_map, options=options, parity=evidence)
         findings = locate(run_checks(ctx), built, resolved, plan_path)
         return Report(model=_model_info(built), shard_map=shard_map, replicated=replicated_families(shard_map, findings),
@@ -84,23 +85,6 @@ class Audit:
         if "untested" in self.versions:
             notes.insert(0, self.versions["untested"])
         return tuple(notes)
-
-    def _parity(self, resolved: ResolvedPlan, shard_map, mode: str, *, proposed: bool):
-        """The parity evidence for this option: a `ParityResult` that ran, or one that says why it did not."""
-        from . import evidence
-
-        if not resolved.sizes.parallel:
-            return evidence.skipped(resolved, "not run: one rank splits nothing")
-        if resolved.loader_errors:
-            return evidence.skipped(resolved, "not run: from_pretrained refuses this plan (see TPA003)")
-        if mode == "off":
-            return evidence.skipped(resolved, "not run: switched off (--no-parity); fused-projection suspicions "
-                                              "stay warnings")
-        reason = evidence.reason_to_run(self.built, resolved, shard_map, forced=mode == "on", proposed=proposed)
-        if reason is None:
-            return evidence.skipped(resolved, "not needed: the plan splits no projection whose output the forward "
-                                              "cuts into parts")
-        return evidence.run_for(self.built, resolved, reason)
 
 
 def _kv(built: BuiltModel, shard_map):

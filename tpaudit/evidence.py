@@ -21,7 +21,7 @@ is the layout that style is written for.
 from __future__ import annotations
 
 from .configs import value
-from .parity import SPLIT_OUTPUT_STYLES, ParityResult, run_parity, split_outputs
+from .parity import SPLIT_OUTPUT_STYLES, ParityResult, run_parity, small_model, split_outputs
 
 # Config attributes whose value is the output width of a single (unfused) projection, alone or times the head dim.
 _WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -71,25 +71,48 @@ def candidates(built, shard_map) -> list[str]:
     return out
 
 
-def reason_to_run(built, resolved, shard_map, *, forced: bool, proposed: bool) -> str | None:
-    """Why the parity check should run for this option, or `None` when nothing calls for it.
+def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityResult:
+    """The `parity` section of one option's report: a result that ran, or one that says why it did not.
+
+    Args:
+        built (`BuiltModel`), resolved (`ResolvedPlan`), shard_map (`ShardMap`): the option's earlier stages.
+        mode (`"auto" | "on" | "off"`): when the plan needs evidence (see the module docstring), always
+            (`--parity`), never (`--no-parity`).
+        proposed (`bool`): the plan is under review (`--plan`, a `--suggest` candidate).
+
+    The trace that decides whether the check runs and the sharded run share one small model (one build, not two).
 
     Raises:
         ConfigError: the trace cannot build or run the small model (`--no-parity` skips it).
     """
-    if forced:
-        return "asked for (--parity)"
+    if not resolved.sizes.parallel:
+        return skipped(resolved, "not run: one rank splits nothing")
+    if resolved.loader_errors:
+        return skipped(resolved, "not run: from_pretrained refuses this plan (see TPA003)")
+    if mode == "off":
+        return skipped(resolved, "not run: switched off (--no-parity); fused-projection suspicions stay warnings")
+    if mode == "on":
+        return _run(built, resolved, "asked for (--parity)")
     if proposed:
-        return "the plan is a proposed one (--plan): a plan under review is checked against the sharded forward"
-    suspects = candidates(built, shard_map)
-    if not suspects:
-        return None
-    found = split_outputs(built.config, built.architecture, _plan(built), resolved.tp_size,
-                          checkpoint_keys=_keys(built))
-    if not found:
-        return None
-    names = ", ".join(f"`{s.module}` ({s.style})" for s in found[:3])
-    return f"the plan splits {names}{' and more' if len(found) > 3 else ''}, whose output the forward cuts into parts"
+        return _run(built, resolved, "the plan is a proposed one (--plan): a plan under review is checked against "
+                                     "the sharded forward")
+    if not candidates(built, shard_map):
+        return _not_needed(resolved)
+    small = small_model(built.config, built.architecture, _plan(built), resolved.tp_size,
+                        checkpoint_keys=_keys(built))
+    try:
+        found = split_outputs(built.config, built.architecture, _plan(built), resolved.tp_size, small=small)
+        if not found:
+            return _not_needed(resolved)
+        names = ", ".join(f"`{s.module}` ({s.style})" for s in found[:3])
+        why = f"the plan splits {names}{' and more' if len(found) > 3 else ''}, whose output the forward cuts into parts"
+        return _run(built, resolved, why, small)
+    finally:
+        small.cleanup()
+
+
+def _not_needed(resolved) -> ParityResult:
+    return skipped(resolved, "not needed: the plan splits no projection whose output the forward cuts into parts")
 
 
 def skipped(resolved, why: str) -> ParityResult:
@@ -97,15 +120,15 @@ def skipped(resolved, why: str) -> ParityResult:
     return ParityResult(ran=False, reason=why, tp_size=resolved.tp_size, ep_size=resolved.ep_size)
 
 
-def run_for(built, resolved, reason: str) -> ParityResult:
+def _run(built, resolved, reason: str, small=None) -> ParityResult:
     """Run the parity check for this option (`parity.run_parity`, the checkpoint's own layout) and say why it ran."""
+    import dataclasses
+
     if built.instance_plans is not None:
         return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
                                  "architecture")
     result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
-                        checkpoint_keys=_keys(built))
-    import dataclasses
-
+                        checkpoint_keys=_keys(built), small=small)
     return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
 
 
@@ -147,5 +170,5 @@ def _plan(built) -> dict | None:
 
 
 def _keys(built):
-    tensors = built.source.tensors
-    return [t.name for t in tensors] if tensors is not None else None
+    """The checkpoint's tensor names as generic names, each once (what the small model's layout is decided on)."""
+    return built.source.generic_tensor_names

@@ -5,10 +5,10 @@ A static view of a plan cannot tell how a model's forward uses a projection's ou
 one laid out as blocks (`[Q_all | K_all | V_all]`) does not, and nothing in either's name says which. The parity
 check runs the forward instead:
 
-1. **A small model of the same architecture** (`build_small_model`): the same model class and plan, the same head,
-   KV-head and expert counts and layer-type pattern as the real config, one decoder layer of each kind in the real
-   order of first appearance, and every width scaled down so that each split `tp_size` makes of the real model keeps
-   its structure (the shrink rule is in `shrink_config`). Random weights from a fixed seed, float32, CPU, eager
+1. **A small model of the same architecture** (`build_small_model`): the same model class and plan, the same head
+   and KV-head counts and layer-type pattern as the real config, one decoder layer of each kind in the real order of
+   first appearance, and every width (and the routed-expert count) scaled down so that each split `tp_size` makes of
+   the real model keeps its structure (the shrink rule is in `shrink_config`). Random weights from a fixed seed, float32, CPU, eager
    attention and eager experts, written with `save_pretrained` to a temporary directory.
 2. **The suspects** (`split_outputs`): one forward of the small unsharded model is traced with a
    `torch.overrides.TorchFunctionMode` that follows every tensor derived from the output of a module (or parameter)
@@ -202,9 +202,12 @@ HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "num_global_key_value_heads")
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
 ROTARY_FRACTION_KEYS = ("partial_rotary_factor", "rotary_pct")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "top_k_experts")
 HEAD_DIM_FLOOR = 8
 WIDTH_FLOOR = 8
 HIDDEN_FLOOR = 16
+EXPERT_FLOOR = 16
 
 
 @dataclass
@@ -224,6 +227,7 @@ class SmallModel:
         head_widths (`tuple[int, ...]`): every per-head width of the small config (`head_dim`, `global_head_dim`,
             linear-attention and MLA head dims).
         found (`dict[str, SplitOutput]`): the split outputs the traced forward cuts into parts (set by `_trace`).
+        traced (`bool`): whether `_trace` ran (`found` is its answer).
     """
 
     path: str
@@ -241,6 +245,7 @@ class SmallModel:
     found: dict[str, SplitOutput] = field(default_factory=dict)
     ep_plan: dict[str, str] = field(default_factory=dict)
     kernels: dict[str, str] = field(default_factory=lambda: dict(KERNELS))
+    traced: bool = False
 
     def cleanup(self) -> None:
         """Remove the temporary directory."""
@@ -295,8 +300,8 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
     """Scale a config dict down so that every split `tp_size` makes of the real model keeps its structure.
 
     The rule (`m = 2 * tp_size`): a width `x` becomes the smallest `v >= floor` with `v % m == x % m`, so `v` is
-    divisible by `tp_size` (and by 2) exactly when `x` is, and leaves the same remainder when it is not. Head, KV-head
-    and expert counts, layer types and every ratio the forward reads (rotary fractions) are kept. Scaled:
+    divisible by `tp_size` (and by 2) exactly when `x` is, and leaves the same remainder when it is not. Head and
+    KV-head counts, layer types and every ratio the forward reads (rotary fractions) are kept. Scaled:
 
     - head dims (`head_dim`, `global_head_dim`, `linear_key_head_dim`, `linear_value_head_dim`, MLA's
       `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`, and `head_dim` overrides in `per_layer_config`): each
@@ -307,7 +312,10 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
       (its head dim is derived), else scaled on its own (floor 16) keeping divisibility by the head counts;
     - intermediate sizes (`intermediate_size`, `moe_intermediate_size`, `shared_expert_intermediate_size`,
       `ffn_hidden_size`, `n_inner`, ...; floor 8), MLA ranks (`q_lora_rank`, `kv_lora_rank`; floor 8),
-      `vocab_size` (floor 64), nested sub-config dicts (DBRX's `ffn_config`) included.
+      `vocab_size` (floor 64), nested sub-config dicts (DBRX's `ffn_config`) included;
+    - the routed-expert count (`num_experts`, `num_local_experts`, `n_routed_experts`) when the config names its top-k
+      (floor 16 and twice the top-k; see `_shrink_experts`): every expert costs a load and a loop step on each rank,
+      and 256 of them cost DeepSeek-V3's check seconds for no more evidence than 16 give.
 
     The layer count is not changed here (`build_small_model` keeps one layer of each kind).
 
@@ -386,10 +394,36 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
                 widths(v, f"{prefix}{k}.")
 
     widths(d, "")
+    _shrink_experts(d, m, put)
     for k in VOCAB_KEYS:
         if isinstance(d.get(k), int) and d[k] > MIN_VOCAB:
             put(d, k, _same_residue(d[k], m, MIN_VOCAB), k)
     return d, shrunk
+
+
+def _shrink_experts(d: dict, m: int, put) -> None:
+    """Scale the routed-expert count of a config dict down (see `shrink_config`), in place.
+
+    The count `E` becomes the smallest `v >= max(EXPERT_FLOOR, 2 * top_k)` with `v % m == E % m`, so `tp_size` (and
+    an `ep_size` up to it) divides `v` exactly when it divides `E`, the router still picks a strict subset of `v`
+    experts, and group-limited routing (`n_group`, `topk_group`: DeepSeek-V3's) still has `n_group` equal groups of
+    at least 2 experts whose `topk_group` best hold `top_k` of them. Only the counts whose top-k the config names
+    (`num_experts_per_tok`, `top_k_experts`) are scaled; any other layout keeps its real count.
+    """
+    key, top_key = _key(d, EXPERT_KEYS), _key(d, TOP_K_KEYS)
+    if not key or not top_key:
+        return
+    real, top_k = d[key], d[top_key]
+    groups = d.get("n_group") if isinstance(d.get("n_group"), int) and d.get("n_group", 0) > 1 else 1
+    top_groups = d.get("topk_group") if isinstance(d.get("topk_group"), int) else groups
+
+    def fits(v: int) -> bool:
+        return (v % m == real % m and v % groups == 0 and (groups == 1 or v // groups >= 2)
+                and top_groups * (v // groups) >= top_k)
+
+    floor = max(EXPERT_FLOOR, 2 * top_k)
+    if real > floor:
+        put(d, key, next((v for v in range(floor, real) if fits(v)), real), key)
 
 
 def _remap_special_tokens(d: dict, vocab: int) -> None:
@@ -975,12 +1009,34 @@ def _trace(small: SmallModel, tp_plan_styles=SPLIT_OUTPUT_STYLES) -> tuple[dict[
             h.remove()
     found = {g: SplitOutput(module=g, rule=sources[g][0], style=sources[g][1], action=tracer.found[g])
              for g in sorted(sources) if g in tracer.found}
-    small.found = found
+    small.found, small.traced = found, True
     return found, sorted(sources)
 
 
+def small_model(config, model_class, tp_plan: dict | None, tp_size: int, *, seed: int = 0,
+                checkpoint_keys=None) -> SmallModel:
+    """`build_small_model` with the kernels a tensor-parallel run loads with (`KERNELS`), for `split_outputs` and
+    then `run_parity` (at `ep_size` 1) to share one build: the caller calls `cleanup()`.
+
+    Raises:
+        UsageError: `model_class` is not a transformers model class, or `tp_size < 1`.
+        ConfigError: the small model cannot be built from this config (no evidence either way).
+    """
+    if tp_size < 1:
+        raise UsageError(f"tp_size {tp_size} is invalid: the parity check needs tp_size >= 1. Pass --tp 2 or more")
+    cls = _resolve_class(model_class)
+    with one_thread():
+        try:
+            return build_small_model(config, cls, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported as what it is: no small model, no evidence
+            raise ConfigError(f"the parity check cannot build a small {cls.__name__} from this config: "
+                              f"{_short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
+
+
 def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, seed: int = 0,
-                  checkpoint_keys=None) -> list[SplitOutput]:
+                  checkpoint_keys=None, small: SmallModel | None = None) -> list[SplitOutput]:
     """The modules (or parameters) `tp_plan` splits on their output whose output the model's forward then cuts into
     parts: the projections a static check cannot judge and the parity check should.
 
@@ -997,6 +1053,8 @@ def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, se
         tp_size (`int`): the tp_size under review (the small model keeps its divisibility).
         seed (`int`): seed of the small model's weights and input.
         checkpoint_keys (`Iterable[str]`, *optional*): the real checkpoint's tensor names (see `build_small_model`).
+        small (`SmallModel`, *optional*): one `small_model` built from the same arguments, traced instead of a new
+            build (and left for the caller to clean up, so that `run_parity` can reuse it).
 
     Returns:
         `list[SplitOutput]`, sorted by name; empty when the forward cuts no split output into parts.
@@ -1005,25 +1063,18 @@ def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, se
         UsageError: `model_class` is not a transformers model class, or `tp_size < 1`.
         ConfigError: the small model cannot be built or run from this config (no evidence either way).
     """
-    if tp_size < 1:
-        raise UsageError(f"tp_size {tp_size} is invalid: the parity check needs tp_size >= 1. Pass --tp 2 or more")
-    cls = _resolve_class(model_class)
+    own = small is None
     with one_thread():
-        try:
-            small = build_small_model(config, cls, tp_plan, max(tp_size, 1), seed=seed,
-                                      checkpoint_keys=checkpoint_keys)
-        except UsageError:
-            raise
-        except Exception as e:  # noqa: BLE001 - reported as what it is: no small model, no evidence
-            raise ConfigError(f"the parity check cannot build a small {cls.__name__} from this config: "
-                              f"{_short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
+        if own:
+            small = small_model(config, model_class, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys)
         try:
             found, _ = _trace(small)
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"the parity check cannot run a small {cls.__name__}: "
+            raise ConfigError(f"the parity check cannot run a small {small.model_class.__name__}: "
                               f"{_short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
         finally:
-            small.cleanup()
+            if own:
+                small.cleanup()
     return list(found.values())
 
 
@@ -1410,7 +1461,8 @@ def _isolate() -> str | None:
 
 
 def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size: int = 1, *, seed: int = 0,
-               timeout: float = 120, checkpoint_keys=None, isolate: bool | None = None) -> ParityResult:
+               timeout: float = 120, checkpoint_keys=None, isolate: bool | None = None,
+               small: SmallModel | None = None) -> ParityResult:
     """Load a small model of `config`'s architecture on `tp_size` real ranks with the plan under review, run the same
     tokens through it and through the unsharded model, and compare (see the module docstring).
 
@@ -1434,6 +1486,9 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
             checkpoint of per-expert tensors and wrong for one that stores them fused).
         isolate (`bool`, *optional*): `True` runs the ranks in a subprocess (a hard timeout, nothing of this
             process touched); `None` does so only when needed (see above).
+        small (`SmallModel`, *optional*): the `small_model` that `split_outputs` traced for the same arguments, used
+            instead of a second build when the run loads with its kernels (`ep_size` 1) in this process; the caller
+            cleans it up.
 
     Returns:
         `ParityResult`. A plan that crashes or diverges is a result (`passed=False`), never an exception.
@@ -1465,9 +1520,10 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
                                    checkpoint_keys=checkpoint_keys)
         return _replace(result, reason=f"{result.reason} (ran in a subprocess: {why})",
                         seconds=time.perf_counter() - start)
+    kernels = EP_KERNELS if ep_size > 1 else KERNELS
     with one_thread():
         return _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, start,
-                                checkpoint_keys)
+                                checkpoint_keys, small if small is not None and small.kernels == kernels else None)
 
 
 def _replace(result: ParityResult, **changes) -> ParityResult:
@@ -1477,27 +1533,31 @@ def _replace(result: ParityResult, **changes) -> ParityResult:
 
 
 def _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, start,
-                     checkpoint_keys=None) -> ParityResult:
+                     checkpoint_keys=None, given: SmallModel | None = None) -> ParityResult:
     import torch
 
     base = {"tp_size": tp_size, "ep_size": ep_size}
-    try:
-        small = build_small_model(config, model_class, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys,
-                                  kernels=EP_KERNELS if ep_size > 1 else KERNELS)
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - our limit, not the plan's: say so and do not judge
-        return ParityResult(ran=False, reason=f"the small model could not be built here: "
-                            f"{_short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start, **base)
+    small = given
+    if small is None:
+        try:
+            small = build_small_model(config, model_class, tp_plan, tp_size, seed=seed,
+                                      checkpoint_keys=checkpoint_keys, kernels=EP_KERNELS if ep_size > 1 else KERNELS)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - our limit, not the plan's: say so and do not judge
+            return ParityResult(ran=False, reason=f"the small model could not be built here: "
+                                f"{_short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start, **base)
+    own = given is None
     if not small.plan and not (ep_size > 1 and small.ep_plan):
-        small.cleanup()
+        if own:
+            small.cleanup()
         return ParityResult(ran=False, reason=f"the plan shards nothing in {small.model_class.__name__} (no TP rule "
                             "applies): there is no sharded forward to compare", seconds=time.perf_counter() - start,
                             shrunk=small.shrunk, layers=small.layers, model_class=small.model_class.__name__,
                             scope=small.scope, **base)
     try:
         try:
-            found, _ = _trace(small)
+            found = small.found if small.traced else _trace(small)[0]
             ref = _Recorder(small.reference)
             try:
                 with torch.no_grad():
@@ -1531,7 +1591,8 @@ def _run_parity_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeo
             model_class=small.model_class.__name__, scope=small.scope, rank=facts.get("rank"),
             input_split=facts.get("input_split"), observed_layer=facts.get("observed_layer"), **base)
     finally:
-        small.cleanup()
+        if own:
+            small.cleanup()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
