@@ -96,6 +96,56 @@ class CheckpointMapping:
     families: int = 0
     renamed_per_key: int = 0
 
+    def unmapped_by_root(self, modules) -> dict[str, list[tuple[CheckpointTensor, str]]]:
+        """The unmapped tensors grouped by the generic name of their missing root: the shortest prefix of the renamed
+        key that is not a module of the model (`model.layers.61` -> `model.layers.*`, `mtp`), or the whole key when
+        every module on its path exists (a tensor its module does not have). Values: `(tensor, concrete root)`, in
+        checkpoint order.
+
+        One walk per distinct module path (memoized), not per tensor: Kimi-K2.5's 207,360 unmapped tensors sit in
+        23,040 expert modules.
+
+        Args:
+            modules (`Container[str]`): the model's module names (`named_modules()`).
+        """
+        from .model import generic_name
+
+        roots: dict[str, str | None] = {"": None}
+
+        def root_of(path: str) -> str | None:
+            """The shortest prefix of `path` (itself included) that is not a module, `None` when all are."""
+            found = roots.get(path, False)
+            if found is not False:
+                return found
+            parent = path.rpartition(".")[0]
+            found = root_of(parent) if parent else None
+            if found is None and path not in modules:
+                found = path
+            roots[path] = found
+            return found
+
+        generic: dict[str, str] = {}
+        groups: dict[str, list[tuple[CheckpointTensor, str]]] = defaultdict(list)
+        for tensor, renamed in self.unmapped:
+            root = root_of(renamed.rpartition(".")[0]) or renamed
+            g = generic.get(root)
+            if g is None:
+                g = generic[root] = generic_name(root)
+            groups[g].append((tensor, root))
+        return groups
+
+    def generic_unmapped_modules(self) -> frozenset[str]:
+        """Generic names of the modules that hold unmapped tensors (each renamed key without its last part)."""
+        from .model import generic_name
+
+        return frozenset(generic_name(m) for m in {r.rsplit(".", 1)[0] for _, r in self.unmapped})
+
+    def generic_missing_modules(self) -> frozenset[str]:
+        """Generic names of the modules whose parameters no checkpoint tensor loads (TPA302's)."""
+        from .model import generic_name
+
+        return frozenset(generic_name(name).rsplit(".", 1)[0] for name in self.missing)
+
 
 def _family(key: str) -> tuple[str, tuple[str, ...]]:
     """`model.layers.3.mlp.experts.7.w1.weight` -> (`model.layers.\0.mlp.experts.\0.w1.weight`, ("3", "7")): one

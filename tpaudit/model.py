@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
 from .compat._types import ModuleFacts, QuantizationInfo  # noqa: F401  (re-exported: part of the data model)
@@ -94,9 +95,17 @@ class ModelSource:
     def config_only(self) -> bool:
         return self.tensors is None
 
-    @property
+    @cached_property
+    def generic_tensor_names(self) -> frozenset[str] | None:
+        """Every checkpoint tensor name with its layer and expert indices as `*` (`generic_name`), each once; `None`
+        for a config-only model. Computed once per source (91,991 DeepSeek-V3 names give 1,034)."""
+        if self.tensors is None:
+            return None
+        return frozenset(generic_name(t.name) for t in self.tensors)
+
+    @cached_property
     def checkpoint_bytes(self) -> int | None:
-        """Sum of every checkpoint tensor's bytes, `None` for a config-only model."""
+        """Sum of every checkpoint tensor's bytes, `None` for a config-only model (computed once per source)."""
         if self.tensors is None:
             return None
         return sum(t.nbytes for t in self.tensors)

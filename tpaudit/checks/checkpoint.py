@@ -41,10 +41,8 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
         return
     # one finding per family of missing roots: per-layer, per-expert roots (`layers.3.mlp.experts.7`) group under
     # their generic name, so 23,040 unmapped experts are one finding, not 23,040
-    groups = defaultdict(list)
-    for tensor, renamed in mapping.unmapped:
-        root = _missing_root(ctx, renamed)
-        groups[generic_name(root)].append((tensor, root))
+    groups = mapping.unmapped_by_root(ctx.modules)
+    missing_modules = mapping.generic_missing_modules()
     for generic, members in sorted(groups.items()):
         total = sum(t.nbytes for t, _ in members)
         first, root = members[0]
@@ -65,28 +63,10 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
             fix=("These tensors sit in a module whose parameters have no checkpoint tensor (TPA302): they are likely "
                  "those parameters in a stored form that is not mapped here (a quantization format whose quantizer "
                  "cannot run here, or a layout the loader converts); the bytes of those parameters are the "
-                 "model dtype's" if _under_missing(ctx, generic) else
+                 "model dtype's" if generic.rsplit(".", 1)[0] in missing_modules else
                  "Check that the checkpoint matches the model class; ignore if the part is unused at inference"),
             facts={"count": len(members), "bytes": total, "root": roots[0] if len(roots) == 1 else generic,
                    "roots": len(roots), "examples": [t.name for t, _ in members[:5]]})
-
-
-def _under_missing(ctx: CheckContext, generic_root: str) -> bool:
-    """Whether a parameter the checkpoint does not fill lives in the module that holds `generic_root` (for
-    `layers.*.mlp.experts.*`: a missing `layers.*.mlp.experts.gate_up_proj`)."""
-    parent = generic_root.rsplit(".", 1)[0]
-    return any(generic_name(name).rsplit(".", 1)[0] == parent for name in ctx.mapping.missing)
-
-
-def _missing_root(ctx: CheckContext, renamed: str) -> str:
-    """The shortest prefix of `renamed` that is not a module of the model (`model.layers.61`, `mtp`); the full
-    name when every module on the path exists (a tensor the module does not have)."""
-    parts = renamed.split(".")
-    for i in range(1, len(parts)):
-        prefix = ".".join(parts[:i])
-        if prefix not in ctx.modules:
-            return prefix
-    return renamed
 
 
 @rule("TPA302", "missing_checkpoint_tensor", severity="warning", points_at="checkpoint")
@@ -118,7 +98,7 @@ def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
         groups[generic_name(name)].append(name)
     # the checkpoint's unmapped tensors under the same module may be these parameters in a form the loader (or
     # tpaudit's quantization fallback) does not map, e.g. per-expert packed int4 next to fused experts
-    unmapped_under = {generic_name(r.rsplit(".", 1)[0]) for _, r in mapping.unmapped}
+    unmapped_under = mapping.generic_unmapped_modules()
     for generic, names in sorted(groups.items()):
         module = generic.rsplit(".", 1)[0]
         stored_elsewhere = any(u == module or u.startswith(module + ".") for u in unmapped_under)
