@@ -62,6 +62,7 @@ def test_bad_input_is_one_line_and_exit_2(args, needles):
     assert_one_line_error(run_main(*args), *needles)
 
 
+@pytest.mark.slow  # a real process: one more torch and transformers import
 def test_bad_input_in_a_real_process_is_one_line_and_exit_2():
     """The same contract through the installed console script (no in-process shortcuts)."""
     assert_one_line_error(run_cli("check", LLAMA, "--tp", "2", "--ep", "3"), "ep_size=3", "--ep 3")

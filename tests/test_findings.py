@@ -118,6 +118,7 @@ def test_fp8_block_misaligned_case_14(tmp_path):
     assert found["experts.gate_up_proj"].facts["largest_aligned_tp_size"] == 4
 
 
+@pytest.mark.slow  # the 91,991-tensor DeepSeek-V3 fixture, parity included
 def test_unmapped_mtp_layer_deepseek_v3():
     tensors = snapshot_tensors("deepseek-v3")
     mtp = [(n, d, s) for n, d, s in tensors if n.startswith("model.layers.61.")]

@@ -39,7 +39,7 @@ def scanned(tmp_path_factory):
     with FileLock(f"{out}.lock"):
         if not out.is_file():
             tmp = out.with_suffix(".tmp")
-            args = ["scan", "--tp", "4", "--format", "json", "-o", str(tmp)]
+            args = ["scan", "--tp", "4", "--format", "json", "-o", str(tmp), "--jobs", "1"]
             for t in SELECTED:
                 args += ["--model-type", t]
             proc = run_main(*args)

@@ -77,6 +77,7 @@ def test_sliding_window_layers_stop_at_their_window():
     assert option(report, 1).worst.kv_cache_bytes == expected
 
 
+@pytest.mark.slow  # the 91,991-tensor DeepSeek-V3 fixture
 def test_mla_cache_follows_the_expanded_heads():
     c = config_of("deepseek-v3")
     # transformers caches MLA keys (nope + rope) and values per head; 5.23's plan does not shard kv_b_proj,
