@@ -14,6 +14,10 @@ holds itself to:
 | `check --suggest` / the same `check`                                      | 1.3x   |
 | `scan` of the whole zoo                                                   | 30 s   |
 
+The yardstick import is lazy: it leaves out `transformers.modeling_utils` and transformers' TP code, which every
+check needs before tpaudit does any work of its own. The `import floor` row imports them too, and the ratios of each
+check to that floor show tpaudit's own share.
+
 Then the safetensors headers of DeepSeek-V3 (163 sparse shards, 91,991 tensors): read and validated in a small
 fraction of a second (`--section headers`). And the throughput of `tpaudit batch` (models per minute) over every bundled fixture at tp 4 and 8 with --jobs 1,
 --jobs 2 and Ray, then again from the cache (`--section batch`).
@@ -162,6 +166,10 @@ def main() -> int:
     qwen2_moe = str(FIXTURES / "cases" / "18-qwen2-moe-shared-expert-replicated")
     rows = {
         "import": [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM"],
+        # what every check imports before tpaudit does anything: the loading machinery (`modeling_utils`) that the
+        # yardstick's lazy import leaves out, and transformers' TP code
+        "import floor": [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM; "
+                         "import transformers.modeling_utils, transformers.distributed.tensor_parallel"],
         "check qwen3-vl tp 4": tpaudit("check", qwen, "--tp", "4", "--format", "json"),
         "check deepseek-v3 tp 8": tpaudit("check", deepseek, "--tp", "8", "--format", "json"),
         "check kimi-k2.5 tp 8": tpaudit("check", kimi, "--tp", "8", "--format", "json"),
@@ -176,7 +184,7 @@ def main() -> int:
     if not Path(kimi).is_file():
         rows.pop("check kimi-k2.5 tp 8")
     selected = {k: v for k, v in rows.items()
-                if k == "import" or not args.only or any(word in k for word in args.only)}
+                if k.startswith("import") or not args.only or any(word in k for word in args.only)}
     results = {}
     print(f"fastest of {args.repeat} runs (scan: 1 run), peak RSS of that run:")
     for name, cmd in selected.items():
@@ -195,6 +203,12 @@ def main() -> int:
     ratio("check kimi-k2.5 tp 8", "import", 1.8, "check Kimi-K2.5 tp 8 / import")
     ratio("size qwen3-vl tp 1,2,4,8", "check qwen3-vl tp 4", 1.1, "size over tp 1,2,4,8 / one check")
     ratio("check --suggest qwen2-moe tp 4", "check qwen2-moe tp 4", 1.3, "check --suggest / check")
+    if "import floor" in results:
+        floor = results["import floor"][0] / results["import"][0]
+        print(f"\nthe import floor alone is {floor:.2f}x the yardstick; tpaudit's own share (check / import floor):")
+        for name in ("check qwen3-vl tp 4", "check deepseek-v3 tp 8", "check kimi-k2.5 tp 8"):
+            if name in results:
+                print(f"  {results[name][0] / results['import floor'][0]:5.2f}x  {name}")
     if "scan (whole zoo)" in results:
         wall = results["scan (whole zoo)"][0]
         print(f"  {wall:5.1f} s  (goal 30 s)  {'ok ' if wall <= 30 else 'OVER'}  scan of the whole zoo, --jobs 2")
