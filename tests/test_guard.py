@@ -87,6 +87,9 @@ def test_api_accepts_config_and_meta_model_objects():
     assert {f.target for f in by_model.findings if f.severity == "error"} == {
         f"model.layers.*.mlp.shared_expert.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
     assert all(p.device.type == "meta" and not hasattr(p, "placements") for p in model.parameters())  # untouched
+    # a model object's merged plans cannot be handed to a small model: said, before any small model is built
+    forced = tpaudit.check(model, tp_size=4, parity=True).parity
+    assert not forced.ran and forced.reason.startswith("not run: a model object's merged plans")
 
 
 def test_api_errors_are_exceptions_with_facts():

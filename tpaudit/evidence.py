@@ -91,6 +91,9 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
         return skipped(resolved, "not run: from_pretrained refuses this plan (see TPA003)")
     if mode == "off":
         return skipped(resolved, "not run: switched off (--no-parity); fused-projection suspicions stay warnings")
+    if built.instance_plans is not None:
+        return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
+                                 "architecture")
     if mode == "on":
         return _run(built, resolved, "asked for (--parity)")
     if proposed:
@@ -124,9 +127,6 @@ def _run(built, resolved, reason: str, small=None) -> ParityResult:
     """Run the parity check for this option (`parity.run_parity`, the checkpoint's own layout) and say why it ran."""
     import dataclasses
 
-    if built.instance_plans is not None:
-        return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
-                                 "architecture")
     result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
                         checkpoint_keys=_keys(built), small=small)
     return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
