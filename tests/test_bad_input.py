@@ -45,6 +45,19 @@ def test_config_values_of_the_wrong_kind(tmp_path, change, needle):
     assert_input_error(run_main("check", model_dir(tmp_path, {**GRANITE, **change}), "--tp", "2"), needle)
 
 
+def test_a_config_error_keeps_its_reason_apart_from_the_advice(tmp_path):
+    """`scan` reports the reason alone for transformers' own default configs, where "fix the config" does not apply;
+    the CLI's line is the reason, then the advice."""
+    from tpaudit.audit import Audit
+    from tpaudit.errors import ConfigError
+    from tpaudit.sources import open_source
+
+    with pytest.raises(ConfigError) as e:
+        Audit(open_source(model_dir(tmp_path, {**GRANITE, "num_hidden_layers": -2})))
+    assert e.value.reason.endswith("num_hidden_layers = -2 must be a positive integer") and e.value.fix == "Fix the config"
+    assert str(e.value) == e.value.reason + ". Fix the config"
+
+
 def test_transformers_validators_are_input_errors(tmp_path):
     from conftest import read_json_any
 

@@ -36,6 +36,10 @@ from .mapping import CheckpointMapping
 from .model import ModelSource
 
 MAX_LAYERS = 4096
+# the advice of a config error (`ConfigError.fix`), apart from its reason so that `scan` can drop it for transformers'
+# own default configs
+FIX_CONFIG = "Fix the config"
+FIX_CONFIG_OR_CLASS = "Fix the config or pass --architecture"
 
 
 @dataclass(frozen=True)
@@ -226,8 +230,8 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         raise ConfigError(f"{where} has no model_type. A transformers config.json names its model_type; re-save it "
                           "with save_pretrained", path=source.config_path)
     if model_type is not None and not isinstance(model_type, str):
-        raise ConfigError(f"{where}: model_type is {str(model_type)[:40]}, not a string. Fix the config",
-                          path=source.config_path)
+        raise ConfigError(f"{where}: model_type is {str(model_type)[:40]}, not a string",
+                          fix=FIX_CONFIG, path=source.config_path)
     with contextlib.ExitStack() as stack:
         directory = _config_dir(source, stack)
         try:
@@ -245,7 +249,7 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
                     path=source.config_path) from None
             origin = "the repo's own configuration code" if trust_remote_code and "auto_map" in source.config \
                 else "transformers"
-            raise ConfigError(f"{origin} cannot read {where}: {e.detail}. Fix the config",
+            raise ConfigError(f"{origin} cannot read {where}: {e.detail}", fix=FIX_CONFIG,
                               path=source.config_path) from None
 
 
@@ -266,7 +270,7 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
     if architecture is None and archs is not None:
         if not isinstance(archs, (list, tuple)):
             raise ConfigError(f"config.json's architectures is {str(archs)[:60]!r}, not a list of class names such as "
-                              '["LlamaForCausalLM"]. Fix the config or pass --architecture')
+                              '["LlamaForCausalLM"]', fix=FIX_CONFIG_OR_CLASS)
         if archs and not isinstance(archs[0], str):
             raise ConfigError(f"config.json's architectures[0] is {str(archs[0])[:40]}, not a class name. Fix the "
                               "config or pass --architecture")
@@ -296,7 +300,7 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
                          f"{tf.versions['transformers']} does not have; built {cls.__name__}, the default class of "
                          f"model type {config.model_type!r} (pass --architecture to choose another)")
         if e.kind == "invalid_architecture":
-            raise ConfigError(f"config.json's {e.detail}. Fix the config or pass --architecture") from None
+            raise ConfigError(f"config.json's {e.detail}", fix=FIX_CONFIG_OR_CLASS) from None
         raise ConfigError(f"no transformers model class for model type {config.model_type!r}. Pass --architecture "
                           "CLASS") from None
     note = None
@@ -340,22 +344,24 @@ def _check_plausible(config, owner, owner_path: str, where: str, path: str | Non
                 value = min(value)  # one value per layer (gemma3n's intermediate_size): each must hold
             if isinstance(value, bool) or not isinstance(value, int):
                 if attr in _POSITIVE:
-                    raise ConfigError(f"{where}: {name(attr)} = {str(value)[:40]} is not an integer. Fix the config",
-                                      path=path)
+                    raise ConfigError(f"{where}: {name(attr)} = {str(value)[:40]} is not an integer",
+                                      fix=FIX_CONFIG, path=path)
                 continue
             if attr in _POSITIVE and value <= 0 and not (attr == "num_hidden_layers" and value == 0):
-                raise ConfigError(f"{where}: {name(attr)} = {value} must be a positive integer. Fix the config",
-                                  path=path)
+                raise ConfigError(f"{where}: {name(attr)} = {value} must be a positive integer",
+                                  fix=FIX_CONFIG, path=path)
             if value < 0:
-                raise ConfigError(f"{where}: {name(attr)} = {value} must not be negative. Fix the config", path=path)
+                raise ConfigError(f"{where}: {name(attr)} = {value} must not be negative", fix=FIX_CONFIG,
+                                  path=path)
         layers = tf.config_value(cfg, "num_hidden_layers")
         if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
             raise ConfigError(f"{where}: num_hidden_layers = {layers} is not a plausible depth (0 to {MAX_LAYERS}): "
-                              "tpaudit builds every layer on the meta device. Fix the config", path=path)
+                              "tpaudit builds every layer on the meta device", fix=FIX_CONFIG, path=path)
         heads, kv = tf.config_value(cfg, "num_attention_heads"), tf.config_value(cfg, "num_key_value_heads")
         if isinstance(heads, int) and isinstance(kv, int) and kv > heads:
             raise ConfigError(f"{where}: {name('num_key_value_heads')} = {kv} exceeds {name('num_attention_heads')} "
-                              f"= {heads}: each KV head serves a group of attention heads. Fix the config", path=path)
+                              f"= {heads}: each KV head serves a group of attention heads", fix=FIX_CONFIG,
+                              path=path)
 
 
 def _resolve_dtype(config, source: ModelSource, notes: list[str], override: str | None = None):
@@ -472,8 +478,8 @@ def _instantiate(cls, config, dtype, quantizer):
         raise
     except Exception as e:  # noqa: BLE001 - a model's __init__ raises many kinds on a bad config
         first = " ".join(str(e).split())[:240]
-        raise ConfigError(f"transformers cannot build {cls.__name__} from this config: {type(e).__name__}: {first}. "
-                          "Fix the config") from None
+        raise ConfigError(f"transformers cannot build {cls.__name__} from this config: {type(e).__name__}: {first}",
+                          fix=FIX_CONFIG) from None
 
 
 def _quantization_note(qinfo: QuantizationInfo, source: ModelSource) -> str:

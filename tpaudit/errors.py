@@ -56,11 +56,20 @@ class ModelReferenceError(InputError):
 
 
 class ConfigError(InputError):
-    """`config.json` is missing, unreadable, or transformers cannot build a config or model from it."""
+    """`config.json` is missing, unreadable, or transformers cannot build a config or model from it.
 
-    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None):
-        super().__init__(message, hint=hint)
+    Attributes:
+        path (`str`, *optional*): the config file at fault.
+        reason (`str`): what is wrong, without the advice (`str()` is `"<reason>. <fix>"`): what `scan` reports for
+            transformers' own default configs, where "fix the config" does not apply.
+        fix (`str`, *optional*): what to do (`"Fix the config"`, `"Fix the config or pass --architecture"`).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None, fix: str | None = None):
+        super().__init__(f"{message}. {fix}" if fix else message, hint=hint)
         self.path = path
+        self.reason = message
+        self.fix = fix
 
 
 class CheckpointError(InputError):

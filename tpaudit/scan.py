@@ -148,7 +148,7 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
         from .audit import Audit
         from .build import BuildOptions
         from .compat import backend
-        from .errors import TpauditError
+        from .errors import ConfigError, TpauditError
         from .model import ModelSource, ParallelSizes
 
         tf = backend()
@@ -172,7 +172,7 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
                 break
             except TpauditError as e:
                 # the config is transformers' own default for the type: advice to fix "the config" does not apply
-                reason = re.sub(r"\. (Fix|Check) the config.*$", "", str(e).strip(), flags=re.S)
+                reason = e.reason if isinstance(e, ConfigError) else str(e).strip()
                 failure = failure or (class_name, f"{reason} (transformers' default {model_type} config)")
         if report is None:
             return ScanResult(model_type, "build_failed", architecture=failure[0], reason=failure[1],
