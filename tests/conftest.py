@@ -13,6 +13,11 @@ from pathlib import Path
 
 import pytest
 
+# pytest caches each test module's assertion-rewritten bytecode unless bytecode writing is off (PYTHONDONTWRITEBYTECODE,
+# set on some machines): then every run and every xdist worker rewrites ~60 modules again (about 3 s each). The test
+# session writes bytecode (into the git-ignored __pycache__ folders) whatever the environment says.
+sys.dont_write_bytecode = False
+
 # Hermetic caches: tpaudit's caches (Hub headers, sibling plans, batch results) live under HF_HOME; a test session
 # gets its own, set before anything (or any CLI subprocess, which inherits it) reads it.
 if "TPAUDIT_TEST_KEEP_HF_HOME" not in os.environ:
