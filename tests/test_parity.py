@@ -140,6 +140,10 @@ def test_expert_count_keeps_divisibility_and_group_limited_routing():
     assert small["num_local_experts"] == 8
     small, _ = shrink_config({"num_experts": 64, "moe_k": 6}, 4)
     assert small["num_experts"] == 64
+    # 4 equal groups need v = 0 (mod 4), tp 4 needs v = 10**12 + 2 = 2 (mod 8): no value fits, and none is searched for
+    # long (the search stops after one period of the residues)
+    huge = {"n_routed_experts": 10**12 + 2, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 8}
+    assert shrink_config(huge, 4)[0]["n_routed_experts"] == 10**12 + 2
 
 
 def test_one_layer_of_each_kind_in_real_order_with_per_layer_overrides():

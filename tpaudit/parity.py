@@ -422,8 +422,11 @@ def _shrink_experts(d: dict, m: int, put) -> None:
                 and top_groups * (v // groups) >= top_k)
 
     floor = max(EXPERT_FLOOR, 2 * top_k)
+    # past one period of every residue the rule asks about, no new value can fit: search no further (a config with
+    # contradictory groups and a count of 10^12 keeps its count instead of scanning to it)
+    stop = min(real, floor + math.lcm(m, groups) * (top_k + 2))
     if real > floor:
-        put(d, key, next((v for v in range(floor, real) if fits(v)), real), key)
+        put(d, key, next((v for v in range(floor, stop) if fits(v)), real), key)
 
 
 def _remap_special_tokens(d: dict, vocab: int) -> None:
