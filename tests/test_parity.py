@@ -146,6 +146,19 @@ def test_expert_count_keeps_divisibility_and_group_limited_routing():
     assert shrink_config(huge, 4)[0]["n_routed_experts"] == 10**12 + 2
 
 
+def test_longcat_expert_width_is_scaled():
+    """LongCat-Flash names its experts' width `expert_ffn_hidden_size` (2048): kept at full width, 512 experts of it
+    took the small model past 20 GB and the process was killed. At tp 2 (m = 4): 2048 = 0 (mod 4) -> 8."""
+    from transformers import AutoConfig
+
+    from tpaudit.parity import shrink_config
+
+    real = AutoConfig.for_model("longcat_flash").to_dict()
+    small, shrunk = shrink_config(real, 2)
+    assert real["expert_ffn_hidden_size"] == 2048 and small["expert_ffn_hidden_size"] == 8
+    assert shrunk["expert_ffn_hidden_size"] == [2048, 8]
+
+
 def test_one_layer_of_each_kind_in_real_order_with_per_layer_overrides():
     """Gemma 4: five sliding layers, then a global layer at index 5 with its own KV-head count (2) and head_dim
     (512 -> 16): the small model keeps layers 0 and 5, and its global layer's k_proj has 2 * 16 outputs while the

@@ -195,7 +195,8 @@ class ParityResult:
 # ----------------------------------------------------------------------------------------------------------------------
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "n_embed")
 INTERMEDIATE_KEYS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
-                     "ffn_hidden_size", "n_inner", "ffn_dim", "expert_intermediate_size", "dense_intermediate_size")
+                     "ffn_hidden_size", "n_inner", "ffn_dim", "expert_intermediate_size", "dense_intermediate_size",
+                     "expert_ffn_hidden_size")
 RANK_KEYS = ("q_lora_rank", "kv_lora_rank")
 VOCAB_KEYS = ("vocab_size", "vocab_size_per_layer_input")
 HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
