@@ -46,19 +46,13 @@ FIXTURES = ROOT / "fixtures"
 PY = sys.executable
 
 
-def run(cmd: list[str], repeat: int) -> tuple[float, int, int]:
-    """`(fastest wall seconds, peak RSS bytes of that run, exit code)` of `cmd` over `repeat` runs."""
-    best = None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
-        if best is None or wall < best[0]:
-            best = (wall, usage.ru_maxrss * 1024, code)
-    return best
+def run(cmd: list[str]) -> tuple[float, int, int]:
+    """`(wall seconds, peak RSS bytes, exit code)` of one run of `cmd` as a whole process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    _, status, usage = os.wait4(proc.pid, 0)
+    return time.perf_counter() - start, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
 
 
 def tpaudit(*args: str) -> list[str]:
@@ -195,7 +189,7 @@ def main() -> int:
         for name, cmd in selected.items():
             if name.startswith("scan") and round_:
                 continue
-            wall, rss, code = run(cmd, 1)
+            wall, rss, code = run(cmd)
             walls[name].append(wall)
             if name not in results or wall < results[name][0]:
                 results[name] = (wall, rss, code)

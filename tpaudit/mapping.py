@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .model import CheckpointTensor
 
@@ -134,14 +135,18 @@ class CheckpointMapping:
             groups[g].append((tensor, root))
         return groups
 
+    @cached_property
     def generic_unmapped_modules(self) -> frozenset[str]:
-        """Generic names of the modules that hold unmapped tensors (each renamed key without its last part)."""
+        """Generic names of the modules that hold unmapped tensors (each renamed key without its last part); read
+        once the mapping is complete, computed once (every option of a `size` run checks the same mapping)."""
         from .model import generic_name
 
         return frozenset(generic_name(m) for m in {r.rsplit(".", 1)[0] for _, r in self.unmapped})
 
+    @cached_property
     def generic_missing_modules(self) -> frozenset[str]:
-        """Generic names of the modules whose parameters no checkpoint tensor loads (TPA302's)."""
+        """Generic names of the modules whose parameters no checkpoint tensor loads (TPA302's); computed once, like
+        `generic_unmapped_modules`."""
         from .model import generic_name
 
         return frozenset(generic_name(name).rsplit(".", 1)[0] for name in self.missing)

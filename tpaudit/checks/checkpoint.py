@@ -42,7 +42,7 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     # one finding per family of missing roots: per-layer, per-expert roots (`layers.3.mlp.experts.7`) group under
     # their generic name, so 23,040 unmapped experts are one finding, not 23,040
     groups = mapping.unmapped_by_root(ctx.modules)
-    missing_modules = mapping.generic_missing_modules()
+    missing_modules = mapping.generic_missing_modules
     for generic, members in sorted(groups.items()):
         total = sum(t.nbytes for t, _ in members)
         first, root = members[0]
@@ -98,7 +98,7 @@ def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
         groups[generic_name(name)].append(name)
     # the checkpoint's unmapped tensors under the same module may be these parameters in a form the loader (or
     # tpaudit's quantization fallback) does not map, e.g. per-expert packed int4 next to fused experts
-    unmapped_under = mapping.generic_unmapped_modules()
+    unmapped_under = mapping.generic_unmapped_modules
     for generic, names in sorted(groups.items()):
         module = generic.rsplit(".", 1)[0]
         stored_elsewhere = any(u == module or u.startswith(module + ".") for u in unmapped_under)
