@@ -8,6 +8,7 @@ registered for it (`formats(command)`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass
@@ -51,7 +52,9 @@ def renderer(command: str, name: str, *, rich: bool = False, width: int = 160):
     return register
 
 
+@functools.lru_cache(maxsize=None)
 def _load() -> None:
+    """Import every renderer module of this package, once per process (each registers its formats on import)."""
     from .. import report
 
     for module in pkgutil.iter_modules(report.__path__):
