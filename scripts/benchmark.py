@@ -24,8 +24,11 @@ Then the safetensors headers of DeepSeek-V3 (163 sparse shards, 91,991 tensors):
 fraction of a second (`--section headers`). And the throughput of `tpaudit batch` (models per minute) over every bundled fixture at tp 4 and 8 with --jobs 1,
 --jobs 2 and Ray, then again from the cache (`--section batch`).
 
+And the test suite's fast loop, as a wall time and as a multiple of the yardstick import (`--section tests`; goal:
+well under two minutes on 2 cores).
+
 Usage:
-    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...] [--section all|check|headers|batch]
+    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...] [--section all|check|headers|batch|tests]
 """
 
 from __future__ import annotations
@@ -141,12 +144,28 @@ def header_stages(fixture: str, repeat: int) -> list[tuple[str, float]]:
         ]
 
 
+def fast_loop(repeat: int) -> None:
+    """The test suite's fast loop (`pytest -m "not slow and not distributed"`, as the README gives it), run as a whole
+    command, beside the yardstick import run just before and after it: the loop's wall time alone moves with the
+    machine's speed (this 2-core machine's yardstick has measured 3 s to 6 s), the ratio much less."""
+    loop = [PY, "-m", "pytest", "-q", "-m", "not slow and not distributed", "-p", "no:cacheprovider"]
+    yardstick = [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM"]
+    print(f"\nthe fast loop ({' '.join(loop[2:])}) on {os.cpu_count()} CPUs, {repeat} run(s):")
+    for _ in range(repeat):
+        before, _, _ = run(yardstick)
+        wall, rss, code = run(loop)
+        after, _, _ = run(yardstick)
+        import_s = (before + after) / 2
+        print(f"  {wall:6.1f} s  exit {code}  {wall / import_s:5.1f}x the yardstick import ({import_s:.1f} s)  "
+              f"(goal: well under 120 s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about 30 s)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
-    ap.add_argument("--section", choices=("all", "check", "headers", "batch"), default="check")
+    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests"), default="check")
     ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
     args = ap.parse_args()
     if args.section == "batch":
@@ -154,6 +173,9 @@ def main() -> int:
         return 0
     if args.section == "headers":
         _print_headers(args.repeat)
+        return 0
+    if args.section == "tests":
+        fast_loop(args.repeat)
         return 0
 
     qwen = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
@@ -224,6 +246,7 @@ def main() -> int:
     if args.section == "all":
         _print_headers(args.repeat)
         batch_throughput(args.batch_tp)
+        fast_loop(1)
     return 0
 
 

@@ -120,3 +120,63 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
 @pytest.fixture
 def fixture_path():
     return lambda name: str(FIXTURES / f"{name}.snapshot.json.gz")
+
+
+# --- one build and one report per bundled fixture, options and sizes, per test process -------------------------------
+# Building a real model on the meta device (transformers' `from_config`, the quantizer, the checkpoint mapping) and
+# sharding it on a fake process group are most of the suite's time, and the CLI tests repeat them: in the fast loop
+# the Llama-3.1-8B and Qwen3-VL-30B-A3B fixtures were built some 70 times, and 70 reports were the same model, sizes and
+# options as an earlier one. The pipeline is deterministic and `Audit` builds once and reports many (the simulation
+# does not consume the built model; the `size`, `--suggest` and guard tests rely on that), so each test process keeps
+# the `BuiltModel` of a bundled, read-only fixture (keyed by its path, size, mtime, the reference as given and the
+# build options) and each `Report` made from one (keyed by sizes and every argument of `Audit.report`; reports are
+# frozen). Sources outside `fixtures/` (each test's own edited copy, the loopback Hub), builds from a config or model
+# object and failed builds are never shared. TPAUDIT_TEST_FRESH_BUILDS=1 turns the sharing off (.ci/run's second leg
+# runs that way, so the suite passes both ways).
+_SHARED_BUILDS: dict = {}
+
+
+def _shared_build_key(source, options) -> tuple | None:
+    if options is not None and (options.config is not None or options.instance_plans):
+        return None
+    try:
+        path = Path(source.ref).resolve()
+    except (OSError, ValueError):
+        return None
+    if FIXTURES not in path.parents or not path.exists():
+        return None
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size, source.ref, source.config_path, repr(options)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _share_fixture_builds():
+    if os.environ.get("TPAUDIT_TEST_FRESH_BUILDS"):
+        yield
+        return
+    import tpaudit.audit
+
+    real_build, real_report = tpaudit.audit.build_model, tpaudit.audit.Audit.report
+    shared_ids: set[int] = set()
+    reports: dict = {}
+
+    def build_model(source, options=None):
+        key = _shared_build_key(source, options)
+        if key is None:
+            return real_build(source, options)
+        if key not in _SHARED_BUILDS:
+            _SHARED_BUILDS[key] = real_build(source, options)
+            shared_ids.add(id(_SHARED_BUILDS[key]))
+        return _SHARED_BUILDS[key]
+
+    def report(self, sizes, **kwargs):
+        if id(self.built) not in shared_ids:
+            return real_report(self, sizes, **kwargs)
+        key = (id(self.built), repr(sizes), repr(sorted(kwargs.items())))
+        if key not in reports:
+            reports[key] = real_report(self, sizes, **kwargs)
+        return reports[key]
+
+    tpaudit.audit.build_model, tpaudit.audit.Audit.report = build_model, report
+    yield
+    tpaudit.audit.build_model, tpaudit.audit.Audit.report = real_build, real_report

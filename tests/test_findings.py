@@ -104,6 +104,7 @@ def test_fused_name_split_colwise_without_parity_is_only_a_warning():
     assert not by_code(audit(QWEN3_VL, tp=4, plan=plan, parity="off"), "TPA501")
 
 
+@pytest.mark.slow  # the FP8 quantizer on a 62,636-tensor checkpoint, written once per session (about 6 s)
 def test_fp8_block_misaligned_case_14(tmp_path):
     from test_cases import materialise
 
