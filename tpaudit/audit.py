@@ -17,7 +17,7 @@ from .build import BuildOptions, BuiltModel, build_model
 from .checks.registry import CheckContext, CheckOptions, get_rule, run_checks
 from .evidence import gather as gather_evidence
 from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
-                    why_unsharded)
+                    total_bytes, why_unsharded)
 from .plan import ResolvedPlan, resolve_plan
 from .simulate import simulate
 
@@ -122,7 +122,7 @@ def _bytes_caveat(built: BuiltModel) -> str | None:
     mapping, total = built.mapping, built.source.checkpoint_bytes
     if mapping is None or not total or not mapping.unmapped or not mapping.missing:
         return None
-    unmapped = sum(t.nbytes for t, _ in mapping.unmapped)
+    unmapped = total_bytes([t for t, _ in mapping.unmapped])
     if unmapped <= _UNMAPPED_CAVEAT_SHARE * total:
         return None
     return (f"{unmapped / total:.0%} of the checkpoint's {total:,} B map to no parameter (TPA301) while "

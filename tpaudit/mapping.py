@@ -125,10 +125,12 @@ class CheckpointMapping:
             roots[path] = found
             return found
 
+        paths = [renamed.rpartition(".")[0] for _, renamed in self.unmapped]
+        root_by_path = {path: root_of(path) for path in dict.fromkeys(paths)}
         generic: dict[str, str] = {}
         groups: dict[str, list[tuple[CheckpointTensor, str]]] = defaultdict(list)
-        for tensor, renamed in self.unmapped:
-            root = root_of(renamed.rpartition(".")[0]) or renamed
+        for (tensor, renamed), path in zip(self.unmapped, paths):
+            root = root_by_path[path] or renamed
             g = generic.get(root)
             if g is None:
                 g = generic[root] = generic_name(root)

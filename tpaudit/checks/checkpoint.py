@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from ..model import Finding, generic_name
+from ..model import Finding, generic_name, total_bytes
 from .registry import CheckContext, rule
 
 
@@ -44,7 +44,7 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     groups = mapping.unmapped_by_root(ctx.modules)
     missing_modules = mapping.generic_missing_modules
     for generic, members in sorted(groups.items()):
-        total = sum(t.nbytes for t, _ in members)
+        total = total_bytes([t for t, _ in members])
         first, root = members[0]
         roots = sorted({r for _, r in members})
         if len(members) == 1:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from ..errors import CheckpointError, ConfigError
-from ..model import CheckpointTensor, ModelSource
+from ..model import CheckpointTensor, ModelSource, checkpoint_tensors
 from .files import CONFIG_MAX_BYTES, INDEX_MAX_BYTES, JSON_MAX_DEPTH, load_json, read_capped
 
 CONFIG_NAME = "config.json"
@@ -79,10 +79,8 @@ def tensors_from_headers(headers: list[tuple[str, list]], advice: str = "downloa
                                           f"keeps one of them silently. The checkpoint is corrupt; {advice}",
                                           path=filename, tensor=name)
                 seen[name] = filename
-    out: list[CheckpointTensor] = []
-    for filename, entries in headers:
-        out.extend(CheckpointTensor(name, dtype, shape, filename) for name, dtype, shape in entries)
-    return tuple(out)
+    rows = [(name, dtype, shape, filename) for filename, entries in headers for name, dtype, shape in entries]
+    return checkpoint_tensors(*zip(*rows)) if rows else ()
 
 
 def _has_other_weights(directory: Path) -> list[str]:

@@ -25,11 +25,12 @@ import datetime as _dt
 import gzip
 import json
 import math
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from ..errors import SnapshotError
-from ..model import SAFETENSORS_DTYPE_BYTES, CheckpointTensor, ModelSource
+from ..model import SAFETENSORS_DTYPE_BYTES, CheckpointTensor, ModelSource, checkpoint_tensors
 from .files import (JSON_MAX_DEPTH, SNAPSHOT_MAX_BYTES, gunzip_capped, json_depth_exceeds, load_json,
                     read_capped)
 from .safetensors_header import MAX_DIM, MAX_ELEMENTS, MAX_RANK
@@ -150,7 +151,7 @@ def _tensor_rows_bulk(rows: list, files: list[str]) -> tuple[CheckpointTensor, .
         return None
     if set(map(type, shapes)) != {list} or max(map(len, shapes)) > MAX_RANK:
         return None
-    dims = [d for shape in shapes for d in shape]
+    dims = list(chain.from_iterable(shapes))
     if dims and (set(map(type, dims)) != {int} or min(dims) < 0 or max(dims) > MAX_DIM):
         return None
     if max(map(math.prod, shapes)) > MAX_ELEMENTS:
@@ -160,7 +161,7 @@ def _tensor_rows_bulk(rows: list, files: list[str]) -> tuple[CheckpointTensor, .
     if given and (set(map(type, given)) != {int} or min(given) < 0 or max(given) >= nfiles):
         return None
     table = [None if i is None else files[i] for i in indices]
-    return tuple(map(CheckpointTensor, names, dtypes, map(tuple, shapes), table))
+    return checkpoint_tensors(names, dtypes, map(tuple, shapes), table)
 
 
 def _tensor_rows_one_by_one(rows: list, files: list[str], path: Path) -> tuple[CheckpointTensor, ...]:
