@@ -25,6 +25,12 @@ if "TPAUDIT_TEST_KEEP_HF_HOME" not in os.environ:
 
     os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="tpaudit-tests-hf-home-")
 
+# Test processes build and shard hundreds of real models: the cyclic collector gets the thresholds tpaudit's own
+# processes use (`tpaudit._process`), which a CLI test run in-process (`run_main`) would set anyway on its first call.
+from tpaudit._process import tune_gc  # noqa: E402
+
+tune_gc()
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 CASES = FIXTURES / "cases"

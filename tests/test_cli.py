@@ -31,6 +31,19 @@ def test_help_imports_neither_torch_nor_transformers():
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
 
 
+def test_the_cli_tunes_its_own_garbage_collector_and_the_library_does_not():
+    # the CLI owns its process and raises the collector's first threshold (mypy's 200,000); importing tpaudit as a
+    # library, or building its Python API objects, leaves the user's process as Python set it up
+    code = ("import gc, json; before = gc.get_threshold()\n"
+            "import tpaudit, tpaudit.api, tpaudit.audit, tpaudit.guard; library = gc.get_threshold()\n"
+            "from tpaudit.cli.app import main\nmain(['--version'])\n"
+            "print(json.dumps([before, library, gc.get_threshold()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    before, library, cli = json.loads(out.stdout.strip().splitlines()[-1])
+    assert library == before != cli, out.stderr  # Python's defaults: (700, 10, 10) on 3.11-3.13
+    assert cli == [200_000, 30, 30]
+
+
 def test_clean_model_exits_0_and_json_is_the_contract():
     proc = run_main("check", LLAMA, "--tp", "2", "--format", "json")
     assert proc.returncode == 0, proc.stderr

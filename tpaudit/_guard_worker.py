@@ -9,6 +9,9 @@ import sys
 
 
 def main() -> int:
+    from ._process import tune_gc
+
+    tune_gc()
     from .api import payload_audit
     from .errors import format_error
     from .model import ParallelSizes

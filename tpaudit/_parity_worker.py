@@ -47,6 +47,9 @@ def run_in_subprocess(config, model_class, tp_plan, tp_size: int, ep_size: int, 
 
 
 def main(argv: list[str]) -> int:
+    from ._process import tune_gc
+
+    tune_gc()
     from transformers import AutoConfig
 
     from .parity import run_parity

@@ -8,6 +8,9 @@ import sys
 
 
 def main(argv: list[str]) -> int:
+    from ._process import tune_gc
+
+    tune_gc()
     from .verify import load_and_measure
 
     spec = json.loads(open(argv[0]).read())

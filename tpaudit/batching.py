@@ -544,7 +544,10 @@ def run_task(model: ModelRef, pairs: Sequence[tuple[int, int]], options: TaskOpt
 
 def _worker_init() -> None:
     # torch and transformers are imported on a worker's first audit and stay imported for the next models (a
-    # batch served from the cache never imports them).
+    # batch served from the cache never imports them). The worker is tpaudit's process: its collector is tuned.
+    from ._process import tune_gc
+
+    tune_gc()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -209,6 +209,9 @@ def _worker(args: tuple[list[str], int, str]) -> list[dict]:
 
 
 def _worker_init() -> None:
+    from ._process import tune_gc
+
+    tune_gc()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401  import once per worker process
     import transformers  # noqa: F401

@@ -52,8 +52,12 @@ app.command("explain")(rules_cmd.explain)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; return the exit code (the console script exits with it)."""
+    """Run the CLI; return the exit code (the console script exits with it). The process is tpaudit's: the garbage
+    collector is tuned for it first (`tpaudit._process.tune_gc`)."""
+    from .._process import tune_gc
     from ._errors import report_error
+
+    tune_gc()
 
     command = typer.main.get_command(app)
     try:
