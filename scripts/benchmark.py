@@ -188,6 +188,10 @@ def main() -> int:
         # yardstick's lazy import leaves out, and transformers' TP code
         "import floor": [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM; "
                          "import transformers.modeling_utils, transformers.distributed.tensor_parallel"],
+        # the least a check that uses transformers' own code can do: its imports and the meta build, no tpaudit
+        "transformers alone qwen3-vl": [PY, str(ROOT / "scripts" / "transformers_alone.py"), qwen],
+        "transformers alone deepseek-v3": [PY, str(ROOT / "scripts" / "transformers_alone.py"), deepseek],
+        "transformers alone kimi-k2.5": [PY, str(ROOT / "scripts" / "transformers_alone.py"), kimi],
         "check qwen3-vl tp 4": tpaudit("check", qwen, "--tp", "4", "--format", "json"),
         "check deepseek-v3 tp 8": tpaudit("check", deepseek, "--tp", "8", "--format", "json"),
         "check kimi-k2.5 tp 8": tpaudit("check", kimi, "--tp", "8", "--format", "json"),
@@ -201,8 +205,10 @@ def main() -> int:
         rows["scan (whole zoo)"] = tpaudit("scan", "--tp", "4", "--format", "json", "--jobs", "2")
     if not Path(kimi).is_file():
         rows.pop("check kimi-k2.5 tp 8")
+        rows.pop("transformers alone kimi-k2.5")
     selected = {k: v for k, v in rows.items()
-                if k.startswith("import") or not args.only or any(word in k for word in args.only)}
+                if k.startswith(("import", "transformers alone")) or not args.only
+                or any(word in k for word in args.only)}
     # Rounds: each round runs every row once, so the two runs of a ratio are close in time; a ratio is the median of
     # its per-round ratios (a slow or a lucky round does not move it), the table the fastest run of each row.
     walls: dict[str, list[float]] = {name: [] for name in selected}
@@ -240,6 +246,17 @@ def main() -> int:
         for name in ("check qwen3-vl tp 4", "check deepseek-v3 tp 8", "check kimi-k2.5 tp 8"):
             if name in results:
                 print(f"  {per_round(name, 'import floor'):5.2f}x  {name}")
+    alone = [(f"transformers alone {m}", f"check {m} tp {tp}", goal)
+             for m, tp, goal in (("qwen3-vl", 4, 1.3), ("deepseek-v3", 8, 1.5), ("kimi-k2.5", 8, 1.8))]
+    if any(a in results for a, _, _ in alone):
+        print("\ntransformers alone (scripts/transformers_alone.py: the imports and the meta build, no checkpoint, no "
+              "plan, no tpaudit) / import, against each check's goal; and each check / transformers alone:")
+        for a, check, goal in alone:
+            if a in results:
+                line = f"  {per_round(a, 'import'):5.2f}x  (check goal {goal}x)  {a}"
+                if check in results:
+                    line += f";  check / alone {per_round(check, a):4.2f}x"
+                print(line)
     if "scan (whole zoo)" in results:
         wall = results["scan (whole zoo)"][0]
         print(f"  {wall:5.1f} s  (goal 30 s)  {'ok ' if wall <= 30 else 'OVER'}  scan of the whole zoo, --jobs 2")

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""A lower bound for any `check` that resolves plans with transformers' own code: transformers alone, doing the least
+of what a check must do, with no tpaudit code at all.
+
+It imports what every check imports (torch, transformers, `modeling_utils`, transformers' TP code), reads the model's
+`config.json` out of a tpaudit snapshot (the first megabyte of it: no tensor rows), and builds the model on the meta
+device with the class `from_pretrained` would pick. It does not read the checkpoint's tensor listing, map names,
+resolve or apply the plan, or check anything, so a real check can only take longer. `scripts/benchmark.py` times it
+as a whole process next to the yardstick import.
+
+Usage:
+    python scripts/transformers_alone.py fixtures/deepseek-v3.snapshot.json.gz
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+
+
+def main(path: str) -> int:
+    import torch
+    import transformers
+    import transformers.distributed.tensor_parallel  # noqa: F401 - every check imports the TP code
+    import transformers.modeling_utils  # noqa: F401 - and the loading machinery
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        head = f.read(1 << 20)
+    start = head.index('"config":') + len('"config":')
+    config_dict, _ = json.JSONDecoder().raw_decode(head, start + len(head[start:]) - len(head[start:].lstrip()))
+    config_dict = dict(config_dict)
+    config_dict.pop("quantization_config", None)  # no quantizer: less work, still a lower bound
+    config = AutoConfig.for_model(**config_dict)
+    architecture = (config_dict.get("architectures") or [None])[0]
+    cls = getattr(transformers, architecture, None) if architecture else None
+    for auto in (AutoModelForImageTextToText, AutoModelForCausalLM):
+        if cls is None:
+            cls = auto._model_mapping.get(type(config), None)
+    with torch.device("meta"):
+        model = cls._from_config(config)
+    print(f"{type(model).__name__}: {sum(p.numel() for p in model.parameters()):,} parameters on the meta device")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
