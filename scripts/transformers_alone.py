@@ -5,8 +5,8 @@ of what a check must do, with no tpaudit code at all.
 It imports what every check imports (torch, transformers, `modeling_utils`, transformers' TP code), reads the model's
 `config.json` out of a tpaudit snapshot (the first megabyte of it: no tensor rows), and builds the model on the meta
 device with the class `from_pretrained` would pick. It does not read the checkpoint's tensor listing, map names,
-resolve or apply the plan, or check anything, so a real check can only take longer. `scripts/benchmark.py` times it
-as a whole process next to the yardstick import.
+resolve or apply the plan, or check anything, and it switches the garbage collector off, so a real check can only
+take longer. `scripts/benchmark.py` times it as a whole process next to the yardstick import.
 
 Usage:
     python scripts/transformers_alone.py fixtures/deepseek-v3.snapshot.json.gz
@@ -20,6 +20,9 @@ import sys
 
 
 def main(path: str) -> int:
+    import gc
+
+    gc.disable()  # no collection at all: looser than any setting a tool could choose (tpaudit raises the threshold)
     import torch
     import transformers
     import transformers.distributed.tensor_parallel  # noqa: F401 - every check imports the TP code
