@@ -100,3 +100,19 @@ def test_existing_path_wins_over_hub_id(tmp_path, monkeypatch):
     (tmp_path / "org" / "name").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert classify_reference("org/name") == "local"
+
+
+def test_bulk_tensor_tables_equal_their_one_by_one_forms():
+    from tpaudit.model import CheckpointTensor, checkpoint_tensors, total_bytes
+
+    rows = [("a", "BF16", (3, 5), "x.safetensors"), ("b", "F32", (2,), None), ("c", "F8_E4M3", (7,), "y"),
+            ("d", "F4", (3,), None), ("e", "F4", (3,), None)]
+    built = checkpoint_tensors(*zip(*rows))
+    assert built == tuple(CheckpointTensor(*r) for r in rows)
+    assert all(type(t) is CheckpointTensor for t in built) and built[2].shape == (7,) and built[1].file is None
+    # bytes worked out by hand: 15 x 2, 2 x 4, 7 x 1. F4 packs two values a byte and `nbytes` rounds each tensor
+    # down (a real header with an odd F4 count is refused by the reader), so two 3-value F4 tensors count 1 + 1, not 3
+    assert total_bytes(built[:3]) == 30 + 8 + 7
+    assert total_bytes(built) == 30 + 8 + 7 + 1 + 1
+    assert total_bytes(built[:1] * 4) == 120 and total_bytes(()) == 0
+    assert total_bytes(iter(built[3:])) == 2
