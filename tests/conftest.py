@@ -131,14 +131,15 @@ def fixture_path():
 # --- one build and one report per bundled fixture, options and sizes, per test process -------------------------------
 # Building a real model on the meta device (transformers' `from_config`, the quantizer, the checkpoint mapping) and
 # sharding it on a fake process group are most of the suite's time, and the CLI tests repeat them: in the fast loop
-# the Llama-3.1-8B and Qwen3-VL-30B-A3B fixtures were built some 70 times, and 70 reports were the same model, sizes and
-# options as an earlier one. The pipeline is deterministic and `Audit` builds once and reports many (the simulation
-# does not consume the built model; the `size`, `--suggest` and guard tests rely on that), so each test process keeps
-# the `BuiltModel` of a bundled, read-only fixture (keyed by its path, size, mtime, the reference as given and the
-# build options) and each `Report` made from one (keyed by sizes and every argument of `Audit.report`; reports are
-# frozen). Sources outside `fixtures/` (each test's own edited copy, the loopback Hub), builds from a config or model
-# object and failed builds are never shared. TPAUDIT_TEST_FRESH_BUILDS=1 turns the sharing off (.ci/run's second leg
-# runs that way, so the suite passes both ways).
+# the Llama-3.1-8B and Qwen3-VL-30B-A3B fixtures were built some 70 times, and 70 reports were the same model, sizes
+# and options as an earlier one. The pipeline is deterministic and `Audit` builds once and reports many (the
+# simulation does not consume the built model; the `size`, `--suggest` and guard tests rely on that), so each test
+# process keeps the `BuiltModel` of a bundled, read-only fixture (keyed by its path, size, mtime, the reference as
+# given and the build options) and each `Report` made from one (keyed by sizes, every argument of `Audit.report` and
+# the installed versions; reports are frozen). A saved report still makes its plan the build's active plan, as
+# `Audit.report` does. Sources outside `fixtures/` (each test's own edited copy, the loopback Hub), builds from a
+# config or model object and failed builds are never shared. TPAUDIT_TEST_FRESH_BUILDS=1 turns the sharing off
+# (.ci/run's second leg runs that way, so the suite passes both ways).
 _SHARED_BUILDS: dict = {}
 
 
@@ -178,9 +179,11 @@ def _share_fixture_builds():
     def report(self, sizes, **kwargs):
         if id(self.built) not in shared_ids:
             return real_report(self, sizes, **kwargs)
-        key = (id(self.built), repr(sizes), repr(sorted(kwargs.items())))
+        key = (id(self.built), repr(sizes), repr(sorted(kwargs.items())), repr(sorted(self.versions.items())))
         if key not in reports:
             reports[key] = real_report(self, sizes, **kwargs)
+        else:  # a report leaves its plan active on the build (`Audit.report` -> `use_plan`): so does a saved one
+            self.built.use_plan(kwargs.get("plan"))
         return reports[key]
 
     tpaudit.audit.build_model, tpaudit.audit.Audit.report = build_model, report

@@ -111,7 +111,7 @@ def test_bulk_tensor_tables_equal_their_one_by_one_forms():
     assert built == tuple(CheckpointTensor(*r) for r in rows)
     assert all(type(t) is CheckpointTensor for t in built) and built[2].shape == (7,) and built[1].file is None
     # bytes worked out by hand: 15 x 2, 2 x 4, 7 x 1. F4 packs two values a byte and `nbytes` rounds each tensor
-    # down (a real header with an odd F4 count is refused by the reader), so two 3-value F4 tensors count 1 + 1, not 3
+    # down (the reader refuses a real header with an odd F4 count), so two 3-value F4 tensors count 1 + 1, not 3
     assert total_bytes(built[:3]) == 30 + 8 + 7
     assert total_bytes(built) == 30 + 8 + 7 + 1 + 1
     assert total_bytes(built[:1] * 4) == 120 and total_bytes(()) == 0
