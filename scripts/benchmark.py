@@ -18,7 +18,8 @@ holds itself to:
 
 The yardstick import is lazy: it leaves out `transformers.modeling_utils` and transformers' TP code, which every
 check needs before tpaudit does any work of its own. The `import floor` row imports them too, and the ratios of each
-check to that floor show tpaudit's own share.
+check to that floor show tpaudit's own share. The `transformers alone` rows (`scripts/transformers_alone.py`) add the
+meta build from config.json, with no tpaudit code: a lower bound for any check built on transformers' own code.
 
 Then the safetensors headers of DeepSeek-V3 (163 sparse shards, 91,991 tensors): read and validated in a small
 fraction of a second (`--section headers`). And the throughput of `tpaudit batch` (models per minute) over every bundled fixture at tp 4 and 8 with --jobs 1,
@@ -47,6 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 PY = sys.executable
+# the issue's yardstick: a bare, lazy import of torch and transformers, which every ratio divides by
+YARDSTICK = [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM"]
 
 
 def run(cmd: list[str]) -> tuple[float, int, int]:
@@ -149,12 +152,11 @@ def fast_loop(repeat: int) -> None:
     command, beside the yardstick import run just before and after it: the loop's wall time alone moves with the
     machine's speed (this 2-core machine's yardstick has measured 3 s to 6 s), the ratio much less."""
     loop = [PY, "-m", "pytest", "-q", "-m", "not slow and not distributed", "-p", "no:cacheprovider"]
-    yardstick = [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM"]
     print(f"\nthe fast loop ({' '.join(loop[2:])}) on {os.cpu_count()} CPUs, {repeat} run(s):")
     for _ in range(repeat):
-        before, _, _ = run(yardstick)
-        wall, rss, code = run(loop)
-        after, _, _ = run(yardstick)
+        before, _, _ = run(YARDSTICK)
+        wall, _, code = run(loop)
+        after, _, _ = run(YARDSTICK)
         import_s = (before + after) / 2
         print(f"  {wall:6.1f} s  exit {code}  {wall / import_s:5.1f}x the yardstick import ({import_s:.1f} s)  "
               f"(goal: well under 120 s)")
@@ -163,7 +165,7 @@ def fast_loop(repeat: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about 30 s)")
+    ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about a minute)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
     ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests"), default="check")
     ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
@@ -183,15 +185,14 @@ def main() -> int:
     kimi = str(FIXTURES / "kimi-k2.5.snapshot.json.gz")
     qwen2_moe = str(FIXTURES / "cases" / "18-qwen2-moe-shared-expert-replicated")
     rows = {
-        "import": [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM"],
+        "import": YARDSTICK,
         # what every check imports before tpaudit does anything: the loading machinery (`modeling_utils`) that the
         # yardstick's lazy import leaves out, and transformers' TP code
         "import floor": [PY, "-c", "import torch, transformers; from transformers import AutoModelForCausalLM; "
                          "import transformers.modeling_utils, transformers.distributed.tensor_parallel"],
         # the least a check that uses transformers' own code can do: its imports and the meta build, no tpaudit
-        "transformers alone qwen3-vl": [PY, str(ROOT / "scripts" / "transformers_alone.py"), qwen],
-        "transformers alone deepseek-v3": [PY, str(ROOT / "scripts" / "transformers_alone.py"), deepseek],
-        "transformers alone kimi-k2.5": [PY, str(ROOT / "scripts" / "transformers_alone.py"), kimi],
+        **{f"transformers alone {name}": [PY, str(ROOT / "scripts" / "transformers_alone.py"), snapshot]
+           for name, snapshot in (("qwen3-vl", qwen), ("deepseek-v3", deepseek), ("kimi-k2.5", kimi))},
         "check qwen3-vl tp 4": tpaudit("check", qwen, "--tp", "4", "--format", "json"),
         "check deepseek-v3 tp 8": tpaudit("check", deepseek, "--tp", "8", "--format", "json"),
         "check kimi-k2.5 tp 8": tpaudit("check", kimi, "--tp", "8", "--format", "json"),

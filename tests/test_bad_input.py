@@ -54,7 +54,8 @@ def test_a_config_error_keeps_its_reason_apart_from_the_advice(tmp_path):
 
     with pytest.raises(ConfigError) as e:
         Audit(open_source(model_dir(tmp_path, {**GRANITE, "num_hidden_layers": -2})))
-    assert e.value.reason.endswith("num_hidden_layers = -2 must be a positive integer") and e.value.fix == "Fix the config"
+    assert e.value.reason.endswith("num_hidden_layers = -2 must be a positive integer")
+    assert e.value.fix == "Fix the config"
     assert str(e.value) == e.value.reason + ". Fix the config"
 
 

@@ -272,8 +272,8 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
             raise ConfigError(f"config.json's architectures is {str(archs)[:60]!r}, not a list of class names such as "
                               '["LlamaForCausalLM"]', fix=FIX_CONFIG_OR_CLASS)
         if archs and not isinstance(archs[0], str):
-            raise ConfigError(f"config.json's architectures[0] is {str(archs[0])[:40]}, not a class name. Fix the "
-                              "config or pass --architecture")
+            raise ConfigError(f"config.json's architectures[0] is {str(archs[0])[:40]}, not a class name",
+                              fix=FIX_CONFIG_OR_CLASS)
     tf = backend()
     try:
         cls, how = tf.model_class(config, architecture, trust_remote_code=trust_remote_code)

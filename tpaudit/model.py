@@ -60,14 +60,26 @@ class CheckpointTensor(NamedTuple):
 
 
 def checkpoint_tensors(names, dtypes, shapes, files) -> tuple[CheckpointTensor, ...]:
-    """`CheckpointTensor`s from four parallel sequences (shapes as tuples), built at C speed: `tuple.__new__` is what
-    a named tuple's own constructor calls, minus the Python frame per tensor (a checkpoint has up to 208,550)."""
+    """`CheckpointTensor`s from four parallel sequences of equal length (names, safetensors dtype names, shapes as
+    tuples of ints, shard files or `None`), built at C speed: `tuple.__new__` is what a named tuple's own constructor
+    calls, minus the Python frame per tensor (a checkpoint has up to 208,550). Nothing is validated here: the readers
+    check every row first."""
     return tuple(map(partial(tuple.__new__, CheckpointTensor), zip(names, dtypes, shapes, files)))
 
 
 def total_bytes(tensors) -> int:
-    """`sum(t.nbytes for t in tensors)`, summed per dtype with C-level `map`s (no Python frame per tensor); dtypes that
-    pack several values per byte (`F4`) round per tensor, as `nbytes` does. Raises `KeyError` for an unknown dtype."""
+    """Bytes of `tensors` together: `sum(t.nbytes for t in tensors)`, summed per dtype with C-level `map`s (no Python
+    frame per tensor); dtypes that pack several values per byte (`F4`) round per tensor, as `nbytes` does.
+
+    Args:
+        tensors (`Iterable[CheckpointTensor]`): any number, any mix of dtypes (`()` gives 0).
+
+    Returns:
+        `int`: bytes.
+
+    Raises:
+        KeyError: a dtype name that `SAFETENSORS_DTYPE_BITS` does not know (the readers refuse those first).
+    """
     tensors = tensors if isinstance(tensors, (list, tuple)) else list(tensors)
     dtypes = list(map(itemgetter(1), tensors))
     bits = {d: SAFETENSORS_DTYPE_BITS[d] for d in set(dtypes)}
