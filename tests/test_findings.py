@@ -211,39 +211,20 @@ def test_fp8_fix_lists_the_tp_sizes_that_keep_whole_blocks():
 
 
 @pytest.mark.slow  # builds the 1-trillion-parameter Kimi-K2.5 (384 experts x 60 layers) on the meta device
-def test_kimi_k25_per_expert_tensors_are_one_finding_not_23040():
+def test_kimi_k25_per_expert_tensors_load_into_the_fused_experts():
     """Kimi-K2.5's checkpoint stores each routed expert as compressed-tensors int4 (`experts.E.down_proj.weight_packed`,
-    `weight_scale`, `weight_shape`), while the runtime model has fused experts that the loader's conversion does not
-    fill from packed names here. One TPA301 for the whole family, with the count and bytes of the per-expert
-    tensors; the fused parameters' TPA302 points at them."""
+    `weight_scale`, `weight_shape`), while the runtime model has fused experts. transformers' compressed-tensors
+    quantizer makes the model's own per-expert merge collect those companions and dequantize them first
+    (`HfQuantizer.update_weight_conversions`, `CompressedTensorsDequantize`), so every per-expert tensor loads into
+    `experts.gate_up_proj` / `experts.down_proj`: no TPA301 for them, no TPA302 for the fused parameters."""
     import re
 
     tensors = snapshot_tensors("kimi-k2.5")
-    per_expert = [(n, d, s) for n, d, s in tensors if re.search(r"\.layers\.\d+\.mlp\.experts\.\d+\.", n)]
-    experts = {re.search(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.", n).groups() for n, _, _ in per_expert}
-    assert len(experts) == 60 * 384
+    per_expert = [n for n, _, _ in tensors if re.search(r"\.layers\.\d+\.mlp\.experts\.\d+\.", n)]
+    assert len(per_expert) == 60 * 384 * 3 * 3   # 60 MoE layers x 384 experts x 3 projections x 3 tensors
     report = audit(str(FIXTURES / "kimi-k2.5.snapshot.json.gz"), tp=8)
-    found = by_code(report, "TPA301")
-    family = [f for f in found if f.target.endswith("mlp.experts.*.*")]
-    assert len(family) == 1 and len(found) < 10
-    assert family[0].facts["count"] == len(per_expert) and family[0].facts["roots"] == len(experts)
-    assert family[0].facts["bytes"] == sum(nbytes(d, s) for _, d, s in per_expert)
-    fused = {f.target: f for f in by_code(report, "TPA302") if ".mlp.experts." in f.target}
-    assert set(fused) == {"model.language_model.layers.*.mlp.experts.gate_up_proj",
-                          "model.language_model.layers.*.mlp.experts.down_proj"}
-    assert all(f.facts["unmapped_tensors_under_module"] and "TPA301" in f.message for f in fused.values())
-    assert "TPA302" in family[0].fix
-    # the vision tower's fused wqkv is split by the loader (conversion_mapping "kimi_k25": Chunk into attn.q_proj,
-    # k_proj, v_proj): all three are filled, none is missing
-    wqkv = [n for n, _, _ in tensors if n.endswith((".wqkv.weight", ".wqkv.bias"))]
-    config = json.loads(__import__("gzip").decompress((FIXTURES / "kimi-k2.5.snapshot.json.gz").read_bytes()))["config"]
-    assert len(wqkv) == 2 * config["vision_config"]["vt_num_hidden_layers"] == 54   # a weight and a bias per block
-    assert not [f.target for f in by_code(report, "TPA302") if "vision_tower" in f.target]
-    missing = sum(f.facts["count"] for f in by_code(report, "TPA302"))
-    assert missing == 2 * 60   # the fused experts' gate_up_proj and down_proj of the 60 MoE layers, nothing else
-    # the headline bytes get a caveat: most of the checkpoint maps to nothing
-    share = family[0].facts["bytes"] / sum(nbytes(d, s) for _, d, s in tensors)
-    assert share > 0.9 and f"{share:.0%} of the checkpoint's" in report.model["bytes_caveat"]
+    assert not [f.target for f in by_code(report, "TPA301") if ".mlp.experts" in f.target]
+    assert not [f.target for f in by_code(report, "TPA302") if ".mlp.experts" in f.target]
 
 
 def test_no_plan_under_ep_says_the_experts_are_sharded_by_expert():

@@ -353,7 +353,7 @@ class Transformers523:
                 try:
                     view = _as_on_gpu() if getattr(quantizer, "_tpaudit_gpu_view", False) else \
                         contextlib.nullcontext()
-                    with view:
+                    with view, _quiet_quantizer_packages():
                         quantizer.preprocess_model(model=model, dtype=dtype, device_map=None, checkpoint_files=None,
                                                    use_kernels=False)
                 except Exception as e:  # noqa: BLE001 - a quantizer that cannot run here: fall back, say so
@@ -819,6 +819,28 @@ def _restore(saved) -> None:
         obj.__dict__.update(state)
         for d in empty:
             d.clear()
+
+
+@contextlib.contextmanager
+def _quiet_quantizer_packages():
+    """Silence a quantization package's own output while its module replacement runs on the meta device:
+    compressed-tensors logs through loguru (one warning per module whose width its group size does not divide: tpaudit
+    reports that as a finding) and draws tqdm progress bars ("Applying quantization config", "Compressing model") on
+    stderr. Both are restored afterwards, so a library user's own compressed-tensors logging is untouched."""
+    import io
+    import sys
+
+    loguru = sys.modules.get("loguru")
+    if loguru is None and "compressed_tensors" in sys.modules:
+        import loguru
+    if loguru is not None:
+        loguru.logger.disable("compressed_tensors")
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # tqdm writes to the `sys.stderr` of the moment
+            yield
+    finally:
+        if loguru is not None:
+            loguru.logger.enable("compressed_tensors")
 
 
 @contextlib.contextmanager
