@@ -173,6 +173,89 @@ def test_style_placements_are_transformers_own(style):
     assert gathered == style_gathers_output(style)
 
 
+_SHARD_CASES = [  # (parameter shape, placement, checkpoint tensor shape, tensor_idx)
+    ((4, 96, 64), ("strided_shard", 1, 2), (48, 64), 1),     # per-expert piece of packed_colwise fused experts
+    ((4, 96, 64), ("strided_shard", 1, 2), (4, 64, 96), None),  # a stored [E, H, 2I] tensor, sliced before Transpose
+    ((4, 96, 64), ("strided_shard", 1, 2), (2,), 0),         # a 1-D weight_shape collected for the 3-D experts
+    ((8, 64, 48), ("shard", 0, 1), (64, 48), 5),             # EP: an expert this rank does or does not own
+    ((8, 64, 48), ("shard", 0, 1), (2,), 3),                 # EP: the 1-D weight_shape, read with the dense path
+    ((8, 64, 48), ("shard", 2, 1), (64, 12), 2),             # rowwise on the experts' input axis
+    ((64, 33), ("shard", 1, 1), (64, 1), None),              # a per-channel [out, 1] scale under a rowwise rule
+    ((37, 16), ("shard", 0, 1), (37, 16), None),             # an uneven colwise split
+]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rank_shard_operation_is_transformers_own(world):
+    """`compat.loading.RankShardOperation` (transformers' `DtensorShardOperation` with the rank's coordinate put in
+    place of a live DTensor's) against the original on a real DTensor of a fake process group joined AS that rank,
+    for every rank: the same local shape, the same dropped piece, the same exception."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers.distributed.sharding_utils import DtensorShardOperation
+
+    from tpaudit.compat import _torch, loading
+
+    def outcome(op, source_shape, idx):
+        try:
+            out = op.shard_tensor(torch.empty(source_shape, device="meta"), tensor_idx=idx)
+        except Exception as e:  # noqa: BLE001 - the exception itself is compared
+            return type(e).__name__
+        return None if out is None else tuple(out.shape)
+
+    for rank in range(world):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        try:
+            mesh = _torch.device_mesh((world,), ("tp",))
+            for shape, (kind, dim, sf), source, idx in _SHARD_CASES:
+                placement = _torch.placement(kind, dim, sf)
+                local = _torch.local_shape(shape, (world,), [rank], (placement,))
+                param = DTensor.from_local(torch.empty(local, device="meta"), mesh, (placement,), run_check=False,
+                                           shape=torch.Size(shape), stride=torch.empty(shape, device="meta").stride())
+                theirs = outcome(DtensorShardOperation(param), source, idx)
+                ours = outcome(loading.rank_shard_operation(shape, (placement,), world, rank), source, idx)
+                assert ours == theirs, (shape, kind, dim, source, idx, rank, world)
+        finally:
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("bits, width", [(4, 64), (8, 64), (3, 64), (5, 96)])
+def test_packed_width_fallback_is_transformers_own(bits, width):
+    """`compat.loading.packed_width_fallback` against compressed-tensors' MoE decompression itself: run
+    `CompressedTensorsDequantize` on one expert whose `weight_shape` arrived empty (channel strategy, so no group
+    size intervenes) and read the width it decompressed to."""
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from transformers.core_model_loading import WeightConverter
+    from transformers.integrations.compressed_tensors import CompressedTensorsDequantize
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    from tpaudit.compat import loading
+
+    config = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                  "num_bits": bits, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False}}}}
+    quantizer = AutoHfQuantizer.from_config(config, pre_quantized=True)
+    op = CompressedTensorsDequantize(quantizer)
+    rows = 8
+    packed = pack_to_int32(torch.zeros(rows, width, dtype=torch.int8), bits)
+    inputs = {"experts.*.down_proj.weight_packed": [packed],
+              "experts.*.down_proj.weight_scale": [torch.ones(rows, 1, dtype=torch.bfloat16)],
+              "experts.*.down_proj.weight_shape": [torch.tensor([], dtype=torch.int32)]}
+
+    class Model:
+        def get_parameter(self, name):
+            return torch.empty(1, dtype=torch.bfloat16, device="meta")
+
+    out = op.convert(inputs, source_patterns=list(inputs), target_patterns=["experts.down_proj"], full_layer_name="x",
+                     model=Model())
+    theirs = next(iter(out.values())).shape[-1]
+    converter = WeightConverter(list(inputs), ["experts.down_proj"], [op])
+    assert loading.packed_width_fallback(converter, packed.shape[-1]) == theirs
+
+
 def test_a_missing_capability_is_exit_2_naming_transformers(monkeypatch):
     """A release whose probes fail: one line naming the release, what is missing, and the supported range."""
     import tpaudit.compat as compat

@@ -18,6 +18,10 @@ from hubserver import FakeHub
 
 REPO = "Qwen/Qwen3-VL-30B-A3B-Instruct"
 TOKEN = "hf_tpauditTestSecret0123456789"
+# `check` of this model at tp 4 exits 1 wherever it is read from: transformers 5.23/5.24 cannot TP-load its stored
+# experts ([E, hidden, 2 x intermediate] is sliced on its axis 1 before the loader's Transpose: TPA304, decided in
+# tests/test_check_real_models.py), so "the run worked" is exit 1 with the same report as the local directory's.
+QWEN_TP4_EXIT = 1
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,7 @@ def repo_requests(hub):
 def test_hub_equals_local_and_reads_only_headers(hub, qwen_dir, tmp_path):
     hub.clear()
     proc = run_env("check", REPO, "--tp", "4", "--format", "json", env=env_for(hub, tmp_path / "hf"))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == QWEN_TP4_EXIT, proc.stderr
     remote = json.loads(proc.stdout)
     local = json.loads(run_env("check", str(qwen_dir), "--tp", "4", "--format", "json").stdout)
     for key in ("ranks", "total_param_bytes", "replicated", "unused_rules", "findings", "params", "kv_cache"):
@@ -79,7 +83,7 @@ def test_single_request_variant_when_the_server_offers_it(qwen_dir, tmp_path):
     with FakeHub(offer_sharded_metadata=True) as server:
         server.add(REPO, qwen_dir)
         proc = run_env("check", REPO, "--tp", "4", "--format", "json", env=env_for(server, tmp_path))
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == QWEN_TP4_EXIT, proc.stderr
         assert json.loads(proc.stdout)["worst_rank_param_bytes"] == 16_362_514_912
         assert [r.file for r in repo_requests(server) if r.file == "safetensors-metadata"] == ["safetensors-metadata"]
         assert not [r for r in repo_requests(server) if r.file.endswith(".safetensors")]
@@ -87,14 +91,14 @@ def test_single_request_variant_when_the_server_offers_it(qwen_dir, tmp_path):
 
 def test_second_run_and_offline_run_use_the_cache(hub, tmp_path):
     env = env_for(hub, tmp_path / "hf")
-    assert run_env("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == 0
+    assert run_env("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == QWEN_TP4_EXIT
     hub.clear()
     second = run_env("check", REPO, "--tp", "4", "--format", "json", env=env)
-    assert second.returncode == 0
+    assert second.returncode == QWEN_TP4_EXIT
     assert not [r for r in repo_requests(hub) if r.file.endswith(".safetensors")]   # no header read
     hub.clear()
     offline = run_env("check", REPO, "--tp", "4", "--format", "json", env={**env, "HF_HUB_OFFLINE": "1"})
-    assert offline.returncode == 0, offline.stderr
+    assert offline.returncode == QWEN_TP4_EXIT, offline.stderr
     assert repo_requests(hub) == []
     assert json.loads(offline.stdout)["worst_rank_param_bytes"] == 16_362_514_912
 
@@ -107,10 +111,10 @@ def test_an_endpoint_that_went_down_falls_back_to_the_cache_at_once(qwen_dir, tm
     with FakeHub() as server:
         server.add(REPO, qwen_dir)
         env = env_for(server, tmp_path)
-        assert run_env("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == 0
+        assert run_env("check", REPO, "--tp", "4", "--format", "json", env=env).returncode == QWEN_TP4_EXIT
     start = time.monotonic()
     proc = run_env("check", REPO, "--tp", "4", "--format", "json", env=env)  # the same endpoint, now closed
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == QWEN_TP4_EXIT, proc.stderr
     assert time.monotonic() - start < 20
     out = json.loads(proc.stdout)
     assert out["worst_rank_param_bytes"] == 16_362_514_912
@@ -200,7 +204,7 @@ def test_gated_repo_needs_a_token_which_is_never_printed(hub, tmp_path):
     assert "hf_wrongToken999" not in denied.stderr + denied.stdout
     ok = run_env("check", "acme/gated-model", "--tp", "4", "--token", TOKEN, "--format", "json",
                  env=env_for(hub, home))
-    assert ok.returncode == 0, ok.stderr
+    assert ok.returncode == QWEN_TP4_EXIT, ok.stderr
     out = tmp_path / "snap.json.gz"
     snap = run_env("snapshot", "acme/gated-model", "--token", TOKEN, "-o", str(out), env=env_for(hub, home))
     assert snap.returncode == 0, snap.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 from .build import BuildOptions, BuiltModel, build_model
 from .checks.registry import CheckContext, CheckOptions, get_rule, run_checks
 from .evidence import gather as gather_evidence
+from .loading import decompression_note, simulate_load
 from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
                     total_bytes, why_unsharded)
 from .plan import ResolvedPlan, resolve_plan
@@ -72,18 +73,23 @@ class Audit:
         shard_map = simulate(built, resolved)
         if proposed is None:
             proposed = plan is not None or self.options.plan_override is not None
+        load = simulate_load(built, shard_map)
         evidence = gather_evidence(built, resolved, shard_map, parity, proposed=proposed)
-        ctx = CheckContext(built=built, plan=resolved, shard_map=shard_map, options=options, parity=evidence)
+        ctx = CheckContext(built=built, plan=resolved, shard_map=shard_map, options=options, parity=evidence,
+                           load=load)
         findings = locate(run_checks(ctx), built, resolved, plan_path)
+        shown = load if load is not None and (built.quantization is not None or load.issues) else None
         return Report(model=_model_info(built), shard_map=shard_map, replicated=replicated_families(shard_map, findings),
                       unused_rules=tuple(resolved.unused_tp_rules) + tuple(resolved.unused_ep_rules),
-                      findings=tuple(findings), plan=resolved.to_json(), notes=self._notes(),
-                      versions=dict(self.versions), kv_cache=_kv(built, shard_map), parity=evidence)
+                      findings=tuple(findings), plan=resolved.to_json(), notes=self._notes(load, options),
+                      versions=dict(self.versions), kv_cache=_kv(built, shard_map), parity=evidence, loading=shown)
 
-    def _notes(self) -> tuple[str, ...]:
+    def _notes(self, load=None, options: CheckOptions | None = None) -> tuple[str, ...]:
         notes = list(self.built.notes)
         if "untested" in self.versions:
             notes.insert(0, self.versions["untested"])
+        if load is not None and load.decompressed:
+            notes.append(decompression_note(load, (options or CheckOptions()).unit))
         return tuple(notes)
 
 

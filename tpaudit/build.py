@@ -448,8 +448,9 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
         model, _ = _instantiate(cls, config, dtype, None)
     elif quantizer is not None:
         dequantize = tf.quantizer_dequantizes(quantizer)
-        qinfo = QuantizationInfo(qinfo.method, qinfo.quantizer, ran=True, dequantize=dequantize,
-                                 gpu_view=bool(getattr(quantizer, "_tpaudit_gpu_view", False)) and not dequantize)
+        gpu_view = bool(getattr(quantizer, "_tpaudit_gpu_view", False)) and not dequantize and \
+            tf.host_dequantizes(quantizer)
+        qinfo = QuantizationInfo(qinfo.method, qinfo.quantizer, ran=True, dequantize=dequantize, gpu_view=gpu_view)
     if qinfo is not None:
         notes.append(_quantization_note(qinfo, source))
     if options.instance_plans:

@@ -83,6 +83,12 @@ class CheckpointMapping:
             parameter (MXFP4 block scales).
         buffers (`list[str]`): checkpoint tensors that load into persistent buffers (not parameters, not counted).
         families (`int`), renamed_per_key (`int`): how the names were mapped (families; keys renamed one by one).
+        sources (`dict[str, dict[str, list[CheckpointTensor]]]`): runtime name -> converter source pattern -> the
+            checkpoint tensors a converter of the loader turns into that parameter (per-expert tensors merged, a
+            fused tensor chunked, quantized tensors decompressed), in checkpoint order; plain renames are not listed.
+        renamer (`Renamer`, *optional*): the loader's renaming and converters (opaque; the seam runs them again to
+            simulate the load per rank).
+        tensors (`tuple[CheckpointTensor, ...]`): the checkpoint's tensor table (`tensor(name)` looks one up).
     """
 
     by_param: dict[str, list[str]] = field(default_factory=dict)
@@ -96,6 +102,16 @@ class CheckpointMapping:
     buffers: list[str] = field(default_factory=list)
     families: int = 0
     renamed_per_key: int = 0
+    sources: dict[str, dict[str, list[CheckpointTensor]]] = field(default_factory=dict)
+    renamer: object = None
+    tensors: tuple[CheckpointTensor, ...] = ()
+
+    def tensor(self, name: str) -> CheckpointTensor | None:
+        """The checkpoint tensor named `name` (`None` when the checkpoint has none): indexed once, on first use."""
+        index = self.__dict__.get("_by_name")
+        if index is None:
+            index = self.__dict__["_by_name"] = {t.name: t for t in self.tensors}
+        return index.get(name)
 
     def unmapped_by_root(self, modules) -> dict[str, list[tuple[CheckpointTensor, str]]]:
         """The unmapped tensors grouped by the generic name of their missing root: the shortest prefix of the renamed
@@ -291,6 +307,9 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
                 filled.update(s for s in renamer.siblings(runtime, pattern) if s in params)
 
     _check_shapes(mapping, model, tensors, by_pattern, params, renamer, tf)
+    mapping.sources = {runtime: dict(patterns) for runtime, patterns in by_pattern.items()}
+    mapping.renamer = renamer
+    mapping.tensors = tensors
 
     # Add companions; remove the params they replace (their module is stored in another, quantized form).
     touched = set()

@@ -66,7 +66,7 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
             itemsize=s.itemsize, local_shapes=s.local_shapes, style=style, rule=rule, plan=kind,
             placement=placement, sharding=sharding, origin=origin, checkpoint_names=ckpt, tied_to=tied.get(s.name),
             module_type=s.module_type, shard_dim=shard_dim, split_factor=split_factor,
-            floating=s.dtype.startswith(("float", "bfloat", "complex"))))
+            floating=s.dtype.startswith(("float", "bfloat", "complex")), placements=s.placements))
     return ShardMap(tp_size=sizes.tp_size, ep_size=sizes.ep_size, params=tuple(params))
 
 

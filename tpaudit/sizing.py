@@ -9,8 +9,9 @@ and uneven shards count on the rank that holds them. Per rank:
               fixed state per sequence (conv state + float32 recurrent state), held whole by every rank
     overhead  the overhead policy (below)
 
-The worst rank decides whether the option fits. An option whose plan splits a KV head (TPA102), or that
-transformers refuses to shard (experts that `ep_size` does not divide), is invalid, with the reason.
+The worst rank decides whether the option fits. An option whose plan splits a KV head (TPA102), whose load of the
+checkpoint fails in transformers' own loader (TPA304), or that transformers refuses to shard (experts that `ep_size`
+does not divide), is invalid, with the reason.
 
 Longest context, per option: `bytes_left_for_kv_cache = capacity - weights - overhead - linear-attention state` on
 each rank; `max_context_tokens` is the largest integer context whose KV cache for `batch` sequences, computed
@@ -181,7 +182,7 @@ class SizeOption:
 
     Attributes:
         tp_size (`int`), ep_size (`int`).
-        valid (`bool`): `False` when the plan splits a KV head or transformers refuses the sizes.
+        valid (`bool`): `False` when the plan splits a KV head, the load fails, or transformers refuses the sizes.
         reason (`str`, *optional*): why it is invalid.
         ranks (`tuple[RankMemory, ...]`): every rank's memory (empty when the simulation could not run).
         kv_cache_bytes_per_token_per_rank (`int`): worst rank, all cached layers.
@@ -308,6 +309,19 @@ def _kv_heads_split(kv: dict | None) -> str | None:
     return (f"the plan splits a KV head: the {' / '.join(str(h) for h in whole)} KV heads leave ranks "
             f"holding {', '.join(f'{h:g}' for h in split)} KV heads in at least one cached layer, so the KV cache "
             "and the sharded attention disagree (TPA102)")
+
+
+def _load_fails(load) -> str | None:
+    """Why an option is invalid because transformers' own load of the checkpoint fails on some rank (TPA304), from the
+    report's load section; `None` when it does not."""
+    failing = [i for i in (load.issues if load is not None else ()) if i.kind in ("raises", "shape")]
+    if not failing:
+        return None
+    first = failing[0]
+    what = f"`{first.op}` raises {first.error}" if first.kind == "raises" else (
+        f"the loader gives a {list(first.local_shape)} shard for the {list(first.expected_shape)} one")
+    more = f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""
+    return f"the load fails: {first.name}: {what}{more} (TPA304)"
 
 
 def _kv_bytes(kv: dict, rank: int, context: int, batch: int, scale: float) -> int:
@@ -489,7 +503,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         ranks = tuple(RankMemory(r, report.rank_param_bytes[r],
                                  _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
                       for r in range(report.shard_map.world_size))
-        reason = _kv_heads_split(kv)
+        reason = _kv_heads_split(kv) or _load_fails(report.loading)
         per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
         fit = context_fit(kv, report.rank_param_bytes, capacity_bytes=capacity_bytes, overhead_bytes=over,
                           state_bytes=state, batch=batch, scale=scale, cap_tokens=cap_tokens)

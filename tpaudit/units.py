@@ -78,3 +78,13 @@ def shorten(text: str, width: int) -> str:
 
     short = textwrap.shorten(text, width, placeholder=" ...")
     return short if short.strip(" .") else " ".join(text.split())[:width] + " ..."
+
+
+def ranks_text(ranks) -> str:
+    """`(0, 1, 2, 3)` -> `ranks 0-3`; `(0, 2)` -> `ranks 0, 2`; `(5,)` -> `rank 5`."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))

@@ -173,16 +173,29 @@ def compare(shard_map, records: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architecture: str | None,
-            trust_remote_code: bool):
-    """The static prediction for the directory the ranks loaded (the same checkpoint headers)."""
+            trust_remote_code: bool, device: str = "cuda"):
+    """The static prediction for the directory the ranks loaded (the same checkpoint headers), for the device they
+    load on: on `cpu` a quantizer that dequantizes without a GPU (FP8, MXFP4) is predicted to do so, as the ranks'
+    own `validate_environment` decides; on `cuda` the quantized layout a GPU keeps."""
     from .audit import Audit
     from .build import BuildOptions
     from .model import ParallelSizes
     from .sources import open_source
 
     audit = Audit(open_source(path), BuildOptions(dtype=dtype, architecture=architecture,
-                                                  trust_remote_code=trust_remote_code))
+                                                  trust_remote_code=trust_remote_code, gpu_view=device == "cuda"))
     return audit.report(ParallelSizes.of(tp_size, ep_size), parity="off")
+
+
+def predicted_failure(report) -> str:
+    """What the prediction said about a load that failed: the load failures it found (TPA304), or that it found
+    none."""
+    found = [f for f in report.findings if f.code == "TPA304"]
+    if not found:
+        return "tpaudit check did not predict this failure (please report it)"
+    first = found[0]
+    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    return f"tpaudit check predicted it: TPA304 {first.target}{more}"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -331,10 +344,14 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
         path, notes = prepare_model_dir(ref, zero_weights=zero_weights, revision=revision, token=token,
                                         workdir=workdir)
         # Predict first: a config, dtype or plan that cannot work is an input error (exit 2) before any rank starts.
-        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code)
-        records = launch(path, tp_size=tp_size, ep_size=ep_size, nproc=nproc, device=device, dtype=dtype,
-                         architecture=architecture, trust_remote_code=trust_remote_code, timeout=timeout,
-                         workdir=workdir)
+        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
+        try:
+            records = launch(path, tp_size=tp_size, ep_size=ep_size, nproc=nproc, device=device, dtype=dtype,
+                             architecture=architecture, trust_remote_code=trust_remote_code, timeout=timeout,
+                             workdir=workdir)
+        except LoadFailedError as e:
+            raise LoadFailedError(f"{e}; {predicted_failure(report)}", rank=e.rank, loader_message=e.loader_message,
+                                  hint=e.hint) from None
     ranks, mismatches = compare(report.shard_map, records)
     model = {k: report.model.get(k) for k in ("ref", "model_type", "architecture", "dtype")}
     model["ref"] = ref
@@ -360,12 +377,15 @@ def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, ar
     result, code = None, 0
     if dist.get_rank() == 0:
         failed = [r for r in records if not r.get("ok")]
+        device = records[0].get("device") or "cpu"
         if failed:
+            report = predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
             result = VerifyResult(tp_size, ep_size, [], [], load_error={"rank": failed[0]["rank"],
-                                                                        "message": failed[0].get("error")})
+                                                                        "message": failed[0].get("error"),
+                                                                        "predicted": predicted_failure(report)})
             code = 3
         else:
-            report = predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code)
+            report = predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
             ranks, mismatches = compare(report.shard_map, records)
             result = VerifyResult(tp_size, ep_size, ranks, mismatches,
                                   model={"ref": ref, "architecture": report.model.get("architecture")},

@@ -1,5 +1,5 @@
-"""TPA2xx: quantized checkpoints under TP: metadata a rule shards although it carries no per-rank data, and shard
-widths that cut quantization groups or blocks.
+"""TPA2xx: quantized checkpoints under TP: metadata a rule shards although it carries no per-rank data (also when a
+converter of the loader reads it), scales split to nothing, and shard widths that cut quantization groups or blocks.
 
 The scheme comes from `quantization_config` (FP8 `weight_block_size`, AWQ/GPTQ `group_size` and `bits`,
 compressed-tensors `config_groups`); the tensors from the checkpoint header. Alignment is judged on the logical axis a
@@ -79,6 +79,136 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
             fix=f"Add rule `{ctx.relative_key(generic)}: replicate`",
             facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape),
                    "local_shapes": [list(s) for s in p.local_shapes]})
+    yield from _lost_on_load(ctx, scheme)
+
+
+def _lost_on_load(ctx: CheckContext, scheme) -> Iterable[Finding]:
+    """Metadata that is not a parameter but a checkpoint tensor a converter reads (the per-expert `weight_shape` of
+    compressed-tensors experts merged into fused experts): the load simulation (`tpaudit.loading`) saw what each rank
+    receives of it, and what the quantizer's operation made of the rank's pieces."""
+    from ..units import ranks_text
+
+    load = ctx.load
+    if load is None:
+        return
+    by_family: dict[str, list] = {}
+    for issue in load.issues:
+        by_family.setdefault(issue.name, []).append(issue)
+    for issue in load.issues:
+        if issue.kind != "metadata_lost":
+            continue
+        member = next((q for q in ctx.shard_map.params if q.generic_name == issue.name), None)
+        facts = ctx.module_of(member.name) if member is not None else None
+        partial = [r for r, shape in issue.lost if 0 < _numel(shape)]
+        empty = [r for r, shape in issue.lost if _numel(shape) == 0]
+        got = []
+        if partial:
+            got.append(f"{ranks_text(partial)} get {_numel(issue.lost[0][1]) if issue.lost[0][0] in partial else 1} "
+                       f"of its {_numel(issue.full_shape)} values")
+        if empty:
+            got.append(f"{ranks_text(empty)} get none")
+        outcomes = []
+        for other in by_family.get(issue.name, []):
+            if other.kind == "raises" and other.stage == "convert":
+                outcomes.append(f"`{other.op}` raises on {ranks_text(other.ranks)} (`{other.error}`)")
+            elif other.kind == "shape":
+                axis = -2 if facts is not None and facts.is_transposed else -1
+                outcomes.append(f"on {ranks_text(other.ranks)} the input size rebuilt from the packed width is "
+                                f"{other.local_shape[axis]}, the true one {other.expected_shape[axis]}")
+        by_size: dict[tuple[int, int], list[int]] = {}
+        for r, size, true in issue.rebuilt:
+            by_size.setdefault((size, true), []).append(r)
+        for (size, true), ranks in sorted(by_size.items()):
+            verdict = "right" if size == true else "wrong"
+            outcomes.insert(0, f"on {ranks_text(ranks)} the loader rebuilds the input size from the packed width: "
+                               f"{size}, the true one {true} ({verdict})")
+        rule_text = f" (rule `{member.rule}: {member.style}`)" if member is not None and member.rule else ""
+        yield Finding(
+            code="TPA201", kind="quant_metadata_sharded", severity="error", target=issue.source,
+            message=(f"`{issue.source}` (the logical [out, in] of each stored weight, {_numel(issue.full_shape)} "
+                     f"values) is read with the placement of `{issue.name}`{rule_text}: {'; '.join(got)}"
+                     + (f"; {'; '.join(outcomes)}" if outcomes else "")),
+            fix=(f"Keep `{ctx.relative_key(member.rule) if member is not None and member.rule else issue.name}` "
+                 "whole, or store the checkpoint without per-expert metadata (decompressed or in the fused layout)"),
+            facts={"parameter": issue.name, "ranks": list(issue.ranks), "full_shape": list(issue.full_shape or ()),
+                   "local_shapes": {str(r): list(s) for r, s in issue.lost},
+                   "rule": member.rule if member is not None else None})
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape or ():
+        n *= d
+    return n
+
+
+_SCALE_LEAVES = ("scales", "qzeros")
+_SCALE_SUFFIXES = ("_scale", "_zero_point", "_global_scale")
+
+
+def _is_scale(leaf: str) -> bool:
+    """A scale or zero point: `weight_scale`, `weight_zero_point`, `weight_global_scale`, `input_scale`, AWQ/GPTQ
+    `scales` / `qzeros`, `gate_up_proj_scale` (not FP8's block `weight_scale_inv`, whose blocks TPA202 judges)."""
+    return leaf in _SCALE_LEAVES or leaf.endswith(_SCALE_SUFFIXES)
+
+
+@rule("TPA203", "quant_scale_split")
+def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
+    """A quantization scale or zero point split on an axis it does not vary along: some ranks get none of it.
+
+    **What it detects**
+    A module's rule applies to every parameter of the module, so a scale rides the weight's split. A per-channel
+    scale is `[out, 1]` (compressed-tensors `weight_scale` with strategy `channel`): a rowwise rule shards the last
+    axis, whose size is 1, so rank 0 gets `[out, 1]` and every other rank `[out, 0]` next to a non-empty `[out, in /
+    tp_size]` weight shard. The same holds for zero points and for any scale whose split axis is shorter than the
+    world.
+
+    **Why it matters**
+    The rank cannot dequantize its shard: a real 2-rank load of a W8A16 checkpoint gets `weight_scale [64, 0]` next
+    to a `[64, 32]` weight, and dequantizing it raises (or, in a fused kernel, reads garbage). The load itself
+    succeeds, so nothing fails until the first forward.
+
+    **Example**
+    A compressed-tensors W8A16 or FP8-dynamic checkpoint (per-channel scales) with `layers.*.self_attn.o_proj:
+    rowwise` or `layers.*.mlp.down_proj: rowwise`.
+
+    **Fix**
+    Give the scale a `replicate` rule (`layers.*.self_attn.o_proj.weight_scale: replicate`): a per-output-channel
+    scale belongs whole to every rowwise shard. Or keep the module whole.
+
+    **References**
+    transformers `distributed/mixin.py` (`_expand_parallel_plan`: a parameter falls back to its module's rule),
+    compressed-tensors `QuantizationStrategy.CHANNEL` (`weight_scale` `[out, 1]`).
+    """
+    world = ctx.shard_map.world_size
+    if world <= 1:
+        return
+    seen: set[str] = set()
+    for unit in quant_units(ctx):
+        weight = unit.weight
+        for p in unit.members:
+            leaf = p.name.rpartition(".")[2]
+            if p is weight or p.generic_name in seen or not _is_scale(leaf) or p.sharding != "sharded":
+                continue
+            if p.shard_dim is None or p.global_shape[p.shard_dim] != 1 or _numel(p.global_shape) < world:
+                continue  # a per-tensor scale (fewer values than ranks) is TPA201's
+            empty = [r for r in range(world) if _numel(p.local_shapes[r]) == 0
+                     and _numel(weight.local_shapes[r]) > 0]
+            if not empty:
+                continue
+            seen.add(p.generic_name)
+            from ..units import ranks_text
+
+            yield Finding(
+                code="TPA203", kind="quant_scale_split", severity="error", target=p.generic_name,
+                message=(f"`{p.generic_name}` {list(p.global_shape)} is split on its axis {p.shard_dim} of size 1 by "
+                         f"`{p.rule}: {p.style}`: {ranks_text(empty)} {'gets' if len(empty) == 1 else 'get'} an empty {list(p.local_shapes[empty[0]])} "
+                         f"scale next to a {list(weight.local_shapes[empty[0]])} `{weight.name.rpartition('.')[2]}` "
+                         "shard, which they cannot dequantize"),
+                fix=f"Add rule `{ctx.relative_key(p.generic_name)}: replicate`",
+                facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape), "axis": p.shard_dim,
+                       "empty_ranks": empty, "local_shapes": [list(s) for s in p.local_shapes],
+                       "weight": weight.generic_name, "weight_local_shapes": [list(s) for s in weight.local_shapes]})
 
 
 @rule("TPA202", "quant_block_misaligned")

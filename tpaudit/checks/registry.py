@@ -183,6 +183,8 @@ class CheckContext:
         plan (`ResolvedPlan`), shard_map (`ShardMap`).
         options (`CheckOptions`).
         parity (`ParityResult`, *optional*): the sharded forward's verdict, when it ran.
+        load (`LoadSection`, *optional*): what transformers' own load does on every rank (`tpaudit.loading`);
+            `None` for a config-only source.
     """
 
     built: Any
@@ -190,6 +192,7 @@ class CheckContext:
     shard_map: ShardMap
     options: CheckOptions = field(default_factory=CheckOptions)
     parity: Any = None
+    load: Any = None
 
     # --- facts of the built model, by the names checks use
     @property

@@ -19,8 +19,8 @@ from __future__ import annotations
 from importlib import metadata
 
 from ..errors import UnsupportedVersionError
-from ._types import (ConfigReadError, EmptyPlanError, ModuleFacts, PlanRejectedError, Placement,  # noqa: F401
-                     QuantizationInfo, Renamer, SeamError, ShardedParam)
+from ._types import (ConfigReadError, EmptyPlanError, LoadStepError, ModuleFacts, PlanRejectedError,  # noqa: F401
+                     Placement, QuantizationInfo, Renamer, SeamError, ShardedParam, SourceSpec)
 
 _ACTIVE = None
 

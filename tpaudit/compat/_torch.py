@@ -63,6 +63,30 @@ def local_shape(global_shape, mesh_shape, coordinate, placements) -> tuple[int, 
     return tuple(int(x) for x in shape)
 
 
+def local_shape_and_offset(global_shape, mesh_shape, coordinate, placements) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`(local shape, global offset)` of the rank at mesh `coordinate` (see `local_shape`)."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    shape, offset = _compute_local_shape_and_global_offset(tuple(global_shape), tuple(mesh_shape), list(coordinate),
+                                                          placements, skip_offset=False)
+    return tuple(int(x) for x in shape), tuple(int(x) for x in offset)
+
+
+def placement(kind: str, dim: int | None, split_factor: int = 1):
+    """The torch placement `describe_placement` described: `Shard(dim)`, `_StridedShard(dim, split_factor=sf)`,
+    `Replicate()` or `Partial()`."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if kind == "strided_shard":
+        return _StridedShard(dim, split_factor=split_factor)
+    if kind == "shard":
+        return Shard(dim)
+    if kind == "partial":
+        return Partial()
+    return Replicate()
+
+
 def describe_placement(p) -> tuple[str, int | None, int, str]:
     """`(kind, dim, split_factor, text)` of a torch placement: `("shard", 0, 1, "Shard(dim=0)")`,
     `("strided_shard", 1, 2, "_StridedShard(dim=1, sf=2)")`, `("replicate", None, 1, "Replicate()")`."""

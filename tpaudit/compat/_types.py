@@ -107,11 +107,18 @@ class Renamer:
         siblings (`Callable[[str, str], list[str]]`): `(runtime name, source pattern)` -> the other runtime names the
             same converter fills from that tensor (a `Chunk` of `wqkv` into q/k/v: the loader renames the key to the
             first target and fills every target).
+        dequantizing (`frozenset[str]`): source patterns whose converter runs the quantizer's own dequantize
+            operation (`HfQuantizer.get_load_operations()["dequantize"]`, e.g. compressed-tensors'
+            `CompressedTensorsDequantize`): the parameter is filled with decompressed values in its own dtype.
+        quantizer_ops (`frozenset[str]`): source patterns whose converter runs any of the quantizer's own load
+            operations (deserialize or dequantize).
     """
 
     rename: object
     converters: dict = field(default_factory=dict)
     siblings: object = None
+    dequantizing: frozenset = frozenset()
+    quantizer_ops: frozenset = frozenset()
 
 
 class SeamError(Exception):
@@ -144,3 +151,34 @@ class PlanRejectedError(SeamError):
     def __init__(self, detail: str):
         super().__init__(detail)
         self.detail = detail
+
+
+class LoadStepError(SeamError):
+    """A step of a simulated load raised: `stage` is `"read"` (transformers' shard-on-read) or `"convert"` (a converter
+    operation), `op` the operation's class name, `error` its exception type and first line."""
+
+    def __init__(self, stage: str, op: str, error: str):
+        super().__init__(f"{stage}: {op}: {error}")
+        self.stage = stage
+        self.op = op
+        self.error = error
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One checkpoint tensor as the loader collects it for a converter.
+
+    Attributes:
+        shape (`tuple[int, ...]`): stored shape.
+        dtype (`str`): safetensors dtype name.
+        tensor_idx (`int`): its position among the tensors of its source pattern for this parameter, in the
+            loader's order (`dot_natural_key` of the checkpoint names): what `DtensorShardOperation` calls
+            `tensor_idx`.
+        values (`tuple[int, ...]`, *optional*): the values of a small integer tensor an operation reads (a
+            compressed-tensors `weight_shape`); `None` for data the simulation may leave as zeros.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    tensor_idx: int
+    values: tuple[int, ...] | None = None

@@ -14,7 +14,7 @@ import re
 import warnings
 from typing import Any
 
-from . import _torch
+from . import _torch, loading
 from ._probe import Capability, missing
 from ._types import (ConfigReadError, EmptyPlanError, ModuleFacts, PlanRejectedError, Placement, QuantizationInfo,
                      Renamer, ShardedParam)
@@ -70,7 +70,7 @@ class Transformers523:
         Capability("transformers.models.auto.modeling_auto", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
         Capability("transformers.models.auto.modeling_auto", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
         Capability("transformers.models.auto.modeling_auto", "MODEL_MAPPING_NAMES"),
-    ) + _torch.CAPABILITIES
+    ) + _torch.CAPABILITIES + loading.CAPABILITIES
 
     def __init__(self, versions: dict[str, str], tested: bool):
         self.versions = dict(versions)
@@ -289,9 +289,11 @@ class Transformers523:
         """The pre-quantized checkpoint's quantizer (`AutoHfQuantizer.from_config(..., pre_quantized=True)`), or
         `None` with the reason.
 
-        `validate_environment` is not called: it answers for this host (on a CPU it turns FP8 into BF16), not for the
-        GPUs being planned for. With `gpu_view`, a quantizer that would dequantize because no accelerator is present
-        (MXFP4 on a CPU host) is asked to keep the quantized layout, as the target GPUs hold it.
+        With `gpu_view` (the default), `validate_environment` is not called: it answers for this host (on a CPU it
+        turns FP8 into BF16), not for the GPUs being planned for, and a quantizer that would dequantize because no
+        accelerator is present (MXFP4 on a CPU host) is asked to keep the quantized layout, as the target GPUs hold
+        it. Without it (`tpaudit verify --device cpu`), `validate_environment` decides for this host, as the ranks'
+        own load does.
 
         Returns:
             `(quantizer or None, QuantizationInfo or None)`; `None, None` for an unquantized config.
@@ -314,11 +316,37 @@ class Transformers523:
             return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
         if gpu_view:
             quantizer._tpaudit_gpu_view = True
+        else:  # this host's load: the quantizer's own decision for it (FP8 and MXFP4 dequantize without a GPU)
+            try:
+                with self.quiet():
+                    quantizer.validate_environment(device_map=None, weights_only=True)
+            except Exception as e:  # noqa: BLE001 - a quantizer that refuses this host cannot run here
+                return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
         if type(quantizer).__name__ == "CompressedTensorsHfQuantizer" and not hasattr(quantizer, "use_fp8_kernel"):
             # Set by `validate_environment` (not called: it answers for this host); without an FP8 kernel the
             # compressed modules keep the checkpoint's own layout, which is what the checkpoint's tensors load into.
             quantizer.use_fp8_kernel = False
         return quantizer, QuantizationInfo(method, quantizer=type(quantizer).__name__)
+
+    def host_dequantizes(self, quantizer) -> bool:
+        """Whether the quantizer would dequantize on THIS host: its own `validate_environment`, run on a fresh
+        quantizer made from a copy of its config (FP8 and MXFP4 turn to bfloat16 without a suitable GPU; the
+        quantizer tpaudit builds with is left untouched).
+
+        Source: transformers 5.23 `FineGrainedFP8HfQuantizer.validate_environment`,
+        `Mxfp4HfQuantizer.validate_environment` (both set `quantization_config.dequantize = True`).
+        """
+        import copy
+
+        from transformers.quantizers.auto import AutoHfQuantizer
+
+        try:
+            with self.quiet():
+                probe = AutoHfQuantizer.from_config(copy.deepcopy(quantizer.quantization_config), pre_quantized=True)
+                probe.validate_environment(device_map=None, weights_only=True)
+        except Exception:  # noqa: BLE001 - a quantizer that refuses this host dequantizes nothing here either
+            return False
+        return bool(getattr(probe.quantization_config, "dequantize", False))
 
     def update_dtype(self, quantizer, dtype):
         """`quantizer.update_dtype(dtype)` (the quantizer's own choice of load dtype)."""
@@ -501,7 +529,15 @@ class Transformers523:
             head, _, tail = runtime.rpartition(targets[0])
             return [head + t + tail for t in targets[1:]]
 
-        return Renamer(rename=rename, converters=by_pattern, siblings=siblings)
+        load_ops = dict(quantizer.get_load_operations()) if quantizer is not None else {}
+        dequantize = load_ops.get("dequantize")
+        dequantizing = frozenset(p for p, c in by_pattern.items()
+                                 if dequantize is not None and any(isinstance(op, dequantize) for op in c.operations))
+        quantizer_ops = tuple(load_ops.values())
+        quantizing = frozenset(p for p, c in by_pattern.items()
+                               if quantizer_ops and any(isinstance(op, quantizer_ops) for op in c.operations))
+        return Renamer(rename=rename, converters=by_pattern, siblings=siblings, dequantizing=dequantizing,
+                       quantizer_ops=quantizing)
 
     def converted_shape(self, renamer: Renamer, target: str, sources: dict[str, list[tuple[tuple[int, ...], str]]],
                         model) -> tuple[int, ...] | None:
@@ -539,6 +575,36 @@ class Transformers523:
             if isinstance(value, torch.Tensor) and (key in target or len(collected) == 1):
                 return tuple(int(x) for x in value.shape)
         return None
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # The load itself: shard-on-read and the converters' operations, per rank (compat/loading.py)
+    # ------------------------------------------------------------------------------------------------------------------
+    def load_reader(self, global_shape: tuple[int, ...], placements: tuple[Placement, ...], mesh_size: int,
+                    rank: int) -> "loading.RankReader":
+        """transformers' shard-on-read for one parameter as rank `rank` of a 1-D mesh of `mesh_size` ranks.
+
+        Raises:
+            LoadStepError: transformers' own placement arithmetic refuses the parameter (the load fails).
+        """
+        torch_placements = tuple(_torch.placement(p.kind, p.dim, p.split_factor) for p in placements)
+        return loading.RankReader(global_shape, torch_placements, mesh_size, rank)
+
+    def load_convert(self, renamer: Renamer, pattern: str, target: str, collected: dict[str, list], model) \
+            -> dict[str, tuple[int, ...]]:
+        """Run the operations of the converter that owns source `pattern` on one rank's pieces (see
+        `loading.convert`). Raises `LoadStepError` when one of them raises."""
+        with self.quiet():
+            return loading.convert(renamer.converters[pattern], target, collected, model)
+
+    def packed_width_fallback(self, renamer: Renamer, pattern: str, packed_cols: int) -> int | None:
+        """The input size the converter of `pattern` rebuilds from `packed_cols` words when a rank's `weight_shape` is
+        empty (compressed-tensors MoE decompression); `None` for another converter (see `loading`)."""
+        return loading.packed_width_fallback(renamer.converters.get(pattern), packed_cols)
+
+    def converter_operations(self, renamer: Renamer, pattern: str) -> tuple[str, ...]:
+        """Class names of the operations the converter of source `pattern` runs, in order."""
+        converter = renamer.converters.get(pattern)
+        return tuple(type(op).__name__ for op in getattr(converter, "operations", None) or ())
 
     # ------------------------------------------------------------------------------------------------------------------
     # Plans

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
-from .wording import parity_verdict, rank_spread
+from .wording import load_verdict, parity_verdict, rank_spread
 from . import renderer
 
 _ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
@@ -43,6 +43,9 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
         worst = max(kv.bytes_per_token_per_rank or [0])
         lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({kv.dtype}; KV heads per rank: "
                      f"{kv.kv_heads_per_rank}) |")
+    if report.loading is not None:
+        kind, sentence = load_verdict(report.loading, unit)
+        lines.append(f"| load | {'❌ ' if kind == 'fail' else ''}{_cell(sentence)} |")
     if report.parity is not None:
         kind, sentence = parity_verdict(report.parity)
         lines.append(f"| parity | {_PARITY_ICON[kind]} {_cell(sentence)} |")

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
-from .wording import parity_verdict, rank_spread
+from .wording import load_verdict, parity_verdict, rank_spread
 from . import renderer
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
@@ -56,6 +56,9 @@ def _summary(report: Report, unit: str) -> Table:
                                style="bold red" if report.has_errors else ""))
     if report.versions.get("untested"):
         t.add_row("transformers", Text(report.versions["untested"], style="yellow"))
+    if report.loading is not None:
+        kind, sentence = load_verdict(report.loading, unit)
+        t.add_row("load", Text(sentence, style={"fail": "bold red", "decompress": "yellow"}.get(kind, "")))
     if report.parity is not None:
         kind, sentence = parity_verdict(report.parity)
         t.add_row("parity", Text(sentence, style=_PARITY_STYLE[kind]))

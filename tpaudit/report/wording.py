@@ -43,3 +43,27 @@ def rank_spread(ranks: list[int], unit: str = "GiB") -> str:
     sizes = len(set(ranks))
     return (f"uneven ({sizes} different sizes): lightest rank {low} holds {format_int(gap)} B "
             f"({format_bytes(gap, unit)}) less")
+
+
+def load_verdict(load, unit: str = "GiB") -> tuple[str, str]:
+    """The load section (`LoadSection`) as `(kind, sentence)`, kind `"fail"` (transformers' own load raises or gives a
+    wrong shard on some rank: TPA304), `"decompress"` (the quantizer decompresses while loading) or `"ok"` (every rank
+    reads its shards as stored); the sentence gives what the worst rank reads of the checkpoint and holds."""
+    from ..units import format_bytes, format_int, ranks_text
+
+    held, stored = load.rank_resident_bytes, load.rank_stored_bytes
+    worst = max(range(len(held)), key=lambda r: (held[r], -r))
+    failing = sorted({r for i in load.issues if i.kind in ("raises", "shape") for r in i.ranks})
+    figures = f"{format_int(stored[worst])} B ({format_bytes(stored[worst], unit)}) of the checkpoint"
+    held_text = f"{format_int(held[worst])} B ({format_bytes(held[worst], unit)})"
+    decompressed = len(load.decompressed)
+    what = (f"the quantizer decompresses {decompressed} parameter famil{'y' if decompressed == 1 else 'ies'} while "
+            "loading" if decompressed else "kept as stored")
+    if failing:
+        families = len({i.name for i in load.issues if i.kind in ("raises", "shape")})
+        return "fail", (f"FAILS on {ranks_text(failing)}: transformers' own shard-on-read and conversion break "
+                        f"{families} parameter famil{'y' if families == 1 else 'ies'} (TPA304); where it loads, rank "
+                        f"{worst} reads {figures} and holds {held_text} ({what})")
+    if decompressed:
+        return "decompress", f"rank {worst} reads {figures} and holds {held_text}: {what}"
+    return "ok", f"rank {worst} reads {figures}, {what}"

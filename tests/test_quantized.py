@@ -1,0 +1,207 @@
+"""Quantized checkpoints as transformers' load holds them, and what a TP/EP load of them breaks on.
+
+Expected bytes are worked out here from the configs and the formats' layouts (compressed-tensors' pack-quantized
+`weight_packed` int32 `[out, in * bits / 32]`, `weight_scale` `[out, 1]` per channel in the model dtype,
+`weight_shape` int64 `[2]`; float-quantized FP8 `weight` `[out, in]` + `weight_scale` `[out, 1]`), the Llama plan of
+transformers 5.23/5.24 (q/k/v/gate/up `colwise`: dim 0 of every tensor of the module; o/down `rowwise`: the last dim;
+`embed_tokens` `embedding_rowwise` and `lm_head` `colwise_gather_output`: the vocab) and `torch.chunk` split sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from conftest import FIXTURES, audit, chunk, nbytes, snapshot_tensors
+
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROWWISE = ("o_proj", "down_proj")
+
+
+def _linears(c: dict) -> dict[str, tuple[int, int]]:
+    h, inter, hd = c["hidden_size"], c["intermediate_size"], c.get("head_dim") or c["hidden_size"] // c[
+        "num_attention_heads"]
+    return {"q_proj": (c["num_attention_heads"] * hd, h), "k_proj": (c["num_key_value_heads"] * hd, h),
+            "v_proj": (c["num_key_value_heads"] * hd, h), "o_proj": (h, c["num_attention_heads"] * hd),
+            "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
+
+
+def _dense_by_hand(c: dict, tp: int, layer_bytes) -> list[int]:
+    """Per-rank bytes of a Llama whose Linears other than lm_head are quantized: `layer_bytes(name, out, in, r)` gives
+    one quantized Linear's bytes on rank r; embeddings and lm_head are bf16 vocab shards, norms bf16 whole."""
+    h, v, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    out = []
+    for r in range(tp):
+        total = 2 * chunk(v, tp, r) * h * 2                           # embed_tokens + lm_head, bf16, vocab split
+        total += h * 2                                                 # final norm
+        per_layer = 2 * h * 2                                          # two norms
+        per_layer += sum(layer_bytes(name, o, i, r) for name, (o, i) in _linears(c).items())
+        out.append(total + layers * per_layer)
+    return out
+
+
+def _config(name: str) -> dict:
+    import gzip
+
+    return json.loads(gzip.decompress((FIXTURES / f"{name}.snapshot.json.gz").read_bytes()))["config"]
+
+
+def test_w8a16_per_rank_bytes_are_the_packed_layout_and_rowwise_scales_are_emptied():
+    """Llama-3.1-70B, compressed-tensors W8A16 (per-channel int8, pack-quantized) at tp 4: every quantized Linear
+    holds `weight_packed` int32 [out, in / 4] (4 int8 values a word), `weight_scale` bf16 [out, 1] and `weight_shape`
+    int64 [2], split by its module's rule. Rowwise o_proj / down_proj split the scale's axis of size 1: rank 0 keeps
+    [out, 1], ranks 1-3 get [out, 0] (TPA203), and `weight_shape` goes 1 / 1 / 0 / 0 (TPA201)."""
+    c = _config("llama-3.1-70b-w8a16")
+    tp = 4
+
+    def linear(name, o, i, r):
+        words = i * 8 // 32
+        if name in COLWISE:
+            return chunk(o, tp, r) * words * 4 + chunk(o, tp, r) * 2 + chunk(2, tp, r) * 8
+        return o * chunk(words, tp, r) * 4 + o * chunk(1, tp, r) * 2 + chunk(2, tp, r) * 8
+
+    expected = _dense_by_hand(c, tp, linear)
+    report = audit(str(FIXTURES / "llama-3.1-70b-w8a16.snapshot.json.gz"), tp=tp)
+    assert list(report.rank_param_bytes) == expected
+    # rank 0 keeps the rowwise scales; ranks 0 and 1 each keep one value of every weight_shape
+    assert expected[0] > expected[1] > expected[2] == expected[3]
+    found = {f.target: f for f in report.findings if f.code == "TPA203"}
+    assert set(found) == {"model.layers.*.self_attn.o_proj.weight_scale", "model.layers.*.mlp.down_proj.weight_scale"}
+    o = found["model.layers.*.self_attn.o_proj.weight_scale"]
+    assert o.severity == "error" and o.facts["empty_ranks"] == [1, 2, 3]
+    assert o.facts["local_shapes"] == [[c["hidden_size"], 1]] + [[c["hidden_size"], 0]] * 3
+    words = c["num_attention_heads"] * c["hidden_size"] // c["num_attention_heads"] * 8 // 32
+    assert o.facts["weight_local_shapes"][1] == [c["hidden_size"], chunk(words, tp, 1)]
+    shape = {f.target for f in report.findings if f.code == "TPA201"}
+    assert shape == {f"model.layers.*.{m}.weight_shape" for m in
+                     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+
+
+def test_fp8_dynamic_per_rank_bytes_keep_fp8_weights():
+    """Llama-3.1-8B-Instruct, compressed-tensors FP8-dynamic (float-quantized, per-channel) at tp 4: every quantized
+    Linear keeps an FP8 `weight` [out, in] (1 byte a value, what the load keeps: no decompression) and a bf16
+    `weight_scale` [out, 1]; the activations are quantized on the fly (no input scale). About half the bf16 bytes."""
+    c = _config("llama-3.1-8b-instruct-fp8-dynamic")
+    tp = 4
+
+    def linear(name, o, i, r):
+        if name in COLWISE:
+            return chunk(o, tp, r) * i + chunk(o, tp, r) * 2
+        return o * chunk(i, tp, r) + o * chunk(1, tp, r) * 2
+
+    expected = _dense_by_hand(c, tp, linear)
+    report = audit(str(FIXTURES / "llama-3.1-8b-instruct-fp8-dynamic.snapshot.json.gz"), tp=tp)
+    assert list(report.rank_param_bytes) == expected
+    bf16 = audit(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp=tp)
+    assert report.rank_param_bytes[1] < 0.6 * bf16.rank_param_bytes[1]
+    assert {f.target for f in report.findings if f.code == "TPA203"} == {
+        "model.layers.*.self_attn.o_proj.weight_scale", "model.layers.*.mlp.down_proj.weight_scale"}
+    assert not [f for f in report.findings if f.code == "TPA201"]       # float-quantized stores no weight_shape
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Kimi-K2.5: compressed-tensors int4 routed experts, decompressed while loading
+# ----------------------------------------------------------------------------------------------------------------------
+KIMI = "kimi-k2.5"
+EXPERT = re.compile(r"\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight_\w+)$")
+
+
+@pytest.fixture(scope="module")
+def kimi_experts():
+    rows = [(n, d, s) for n, d, s in snapshot_tensors(KIMI) if EXPERT.search(n)]
+    assert len(rows) == 60 * 384 * 3 * 3
+    return rows
+
+
+def _expert_reads(rows, tp: int, rank: int) -> dict[str, int]:
+    """Bytes rank `rank` reads of the experts at tp `tp`: gate/up are split on their output rows (packed_colwise on
+    the fused [E, 2I, H]: each of gate and up contributes its own rows), down on its input columns (rowwise: the
+    packed words and the group scales along the input); `weight_shape` (1-D) cannot be read (transformers raises),
+    so it contributes nothing."""
+    out = {"gate_up_proj": 0, "down_proj": 0}
+    for name, dtype, shape in rows:
+        proj, leaf = EXPERT.search(name).group(3, 4)
+        if leaf == "weight_shape":
+            continue
+        local = list(shape)
+        if proj == "down_proj":
+            local[1] = chunk(shape[1], tp, rank)
+            out["down_proj"] += nbytes(dtype, local)
+        else:
+            local[0] = chunk(shape[0], tp, rank)
+            out["gate_up_proj"] += nbytes(dtype, local)
+    return out
+
+
+@pytest.mark.slow  # builds the 1-trillion-parameter Kimi-K2.5 on the meta device (~8 s)
+def test_kimi_k25_tp8_experts_are_decompressed_and_the_load_fails(kimi_experts):
+    """Kimi-K2.5 at tp 8. transformers' compressed-tensors quantizer makes the model's per-expert merge collect each
+    expert's `weight_packed`, `weight_scale` and `weight_shape` and dequantize them first (`CompressedTensorsDequantize`):
+    the fused experts hold bfloat16, 3.5x what a rank reads of the int4 checkpoint. Both figures are exact: read =
+    the rank's rows (gate/up) or columns (down) of every packed word and group scale; held = the rank's shard of
+    [E, 2I, H] and [E, H, I] in bfloat16. But the load fails on every rank: the 1-D `weight_shape` is read with the
+    3-D experts' placement and transformers' shard-on-read raises IndexError (a real 2-rank load of a tiny checkpoint
+    in this layout does the same: tests/test_verify_quantized.py)."""
+    report = audit(str(FIXTURES / f"{KIMI}.snapshot.json.gz"), tp=8)
+    load = report.loading
+    families = {f.name.rsplit(".", 1)[-1]: f for f in load.families if ".mlp.experts." in f.name}
+    config = json.loads(__import__("gzip").decompress((FIXTURES / f"{KIMI}.snapshot.json.gz").read_bytes()))["config"]
+    text = config["text_config"]
+    E, H, I, moe_layers = text["n_routed_experts"], text["hidden_size"], text["moe_intermediate_size"], 60
+    for r in range(8):
+        reads = _expert_reads(kimi_experts, 8, r)
+        assert families["gate_up_proj"].rank_stored_bytes[r] == reads["gate_up_proj"]
+        assert families["down_proj"].rank_stored_bytes[r] == reads["down_proj"]
+        assert families["gate_up_proj"].rank_resident_bytes[r] == moe_layers * E * 2 * chunk(I, 8, r) * H * 2
+        assert families["down_proj"].rank_resident_bytes[r] == moe_layers * E * H * chunk(I, 8, r) * 2
+    assert all(f.decompressed and f.dtype == "bfloat16" and "CompressedTensorsDequantize" in f.operations
+               for f in families.values())
+    # no per-expert tensor is left unmapped and no fused parameter lacks its source: the quantizer's conversions map
+    assert not [f for f in report.findings if f.code in ("TPA301", "TPA302") and ".mlp.experts" in f.target]
+    note = next(n for n in report.notes if "decompresses" in n)
+    assert f"reads {load.rank_stored_bytes[0]:,} B" in note and f"holds {load.rank_resident_bytes[0]:,} B" in note
+    assert load.rank_resident_bytes[0] > 3 * load.rank_stored_bytes[0] * 0.9
+    failing = {f.target: f for f in report.findings if f.code == "TPA304"}
+    assert set(failing) == {"model.language_model.layers.*.mlp.experts.gate_up_proj",
+                            "model.language_model.layers.*.mlp.experts.down_proj"}
+    assert all(f.facts["ranks"] == list(range(8)) and f.facts["error"].startswith("IndexError")
+               and f.facts["source"].endswith("weight_shape") for f in failing.values())
+    assert report.model["bytes_caveat"] is None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# compressed-tensors MoE under EP: which ranks lose weight_shape, and what the loader rebuilds there
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ct_moe(tmp_path_factory):
+    from quant_models import compressed_tensors_moe
+
+    root = tmp_path_factory.mktemp("ct-moe")
+    return {bits: compressed_tensors_moe(root / f"int{bits}", bits=bits) for bits in (3, 4)}
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_ct_moe_weight_shape_lost_under_ep(ct_moe, bits):
+    """A compressed-tensors MoE (4 experts, in = 64 for every projection) at tp 4 / ep 4. Each expert's `weight_shape`
+    [2] is 1-D, so the loader reads it with the dense path of the experts' Shard(0): ranks 0 and 1 get one of its two
+    values, ranks 2 and 3 none. On ranks 2-3 `CompressedTensorsDequantize` rebuilds in_features from the packed width:
+    compressed-tensors packs the 64 values of a row densely into ceil(64 * bits / 32) words, so 8 words x (32 // 4) =
+    64 at 4 bits (right) but 6 words x (32 // 3) = 60 at 3 bits (wrong); on ranks 0-1 the one-value shape breaks the
+    unpacking (the load fails)."""
+    report = audit(str(ct_moe[bits]), tp=4, ep=4)
+    lost = {f.target: f for f in report.findings if f.code == "TPA201"}
+    down = lost["model.layers.*.mlp.experts.*.down_proj.weight_shape"]
+    assert down.facts["local_shapes"] == {"0": [1], "1": [1], "2": [0], "3": [0]}
+    words = math.ceil(64 * bits / 32)
+    rebuilt = words * (32 // bits)
+    assert rebuilt == (64 if bits == 4 else 60)
+    assert f"on ranks 2-3 the loader rebuilds the input size from the packed width: {rebuilt}, the true one 64 " \
+           f"({'right' if rebuilt == 64 else 'wrong'})" in down.message
+    failing = [f for f in report.findings if f.code == "TPA304" and f.target.endswith("down_proj")]
+    assert any(f.facts["ranks"] == [0, 1] for f in failing)
+    if bits == 3:   # compressed-tensors itself then refuses the 60 columns of its 32-value groups
+        assert any(f.facts["ranks"] == [2, 3] and "60" in f.facts["error"] for f in failing)

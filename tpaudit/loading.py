@@ -1,0 +1,340 @@
+"""What transformers' own load does with the checkpoint on every rank (the load stage, after the shard map).
+
+    BuiltModel + ShardMap -> LoadSection (bytes each rank reads and holds; what goes wrong, and where)
+
+`from_pretrained` under TP/EP reads each checkpoint tensor sharded on read, by the placements of the parameter it
+loads into, and runs the loader's converters (per-expert merges, fused-tensor chunks, a quantizer's dequantize
+operation) on each rank's pieces. For every parameter a converter fills, this stage runs those same two steps with
+transformers' own code for every rank (`compat.backend().load_reader` / `load_convert`, see `compat/loading.py`):
+
+- on meta tensors where no operation reads values, else on small CPU tensors of zeros that carry the real values of
+  the metadata an operation reads (a compressed-tensors `weight_shape` is the logical `[out, in]` of its weight);
+- once per family of parameters with the same shapes, placements and sources (the layers of a model repeat), and on
+  at most `KEEP` pieces per source pattern (the operations treat every expert alike; the count of pieces a rank keeps
+  is checked against the parameter's local shape apart).
+
+It yields, per rank, the checkpoint bytes the rank reads (`rank_stored_bytes`) beside the bytes it holds, which
+differ where the quantizer decompresses while loading (Kimi-K2.5's int4 experts become bfloat16); and `LoadIssue`s
+where a step raises (the load fails), where the converted shard does not have the parameter's local shape, or where
+metadata an operation reads arrives empty or partial on some rank. Plain renames (one stored tensor per parameter,
+no operation) read exactly the parameter's local shard, in the stored dtype.
+
+Source: transformers 5.23/5.24 `core_model_loading.convert_and_load_state_dict_in_model`,
+`distributed/sharding_utils.DtensorShardOperation`, `integrations/compressed_tensors.CompressedTensorsDequantize`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from .compat import LoadStepError, SourceSpec, backend
+from .model import SAFETENSORS_DTYPE_BITS, LoadFamily, LoadIssue, LoadSection, ParamShard, ShardMap, generic_name
+
+KEEP = 2
+"""Pieces per source pattern the converter's operations run on (every expert is converted alike)."""
+MAX_DATA_ELEMENTS = 1 << 26
+"""Above this many elements in one rank's pieces, operations that read values are not run here (memory)."""
+
+
+def simulate_load(built, shard_map: ShardMap) -> LoadSection | None:
+    """Run transformers' shard-on-read and converter operations for every rank; `None` for a config-only source.
+
+    Args:
+        built (`BuiltModel`): with its checkpoint mapping (`built.mapping`).
+        shard_map (`ShardMap`): the parameters and their placements for one (tp_size, ep_size).
+
+    Returns:
+        `LoadSection`: bytes each rank reads (stored dtypes) and holds, the converted families, the issues.
+    """
+    mapping = built.mapping
+    if mapping is None:
+        return None
+    tf = backend()
+    world = shard_map.world_size
+    stored = [0] * world
+    families: dict[tuple, list[ParamShard]] = defaultdict(list)
+    for p in shard_map.params:
+        if p.tied_to is not None:
+            continue
+        sources = mapping.sources.get(p.name)
+        if sources:
+            families[_family_key(p, sources, shard_map)].append(p)
+            continue
+        tensor = _stored_tensor(p.name, mapping)
+        if tensor is None:
+            continue  # no checkpoint tensor: the loader initialises it
+        bits = SAFETENSORS_DTYPE_BITS.get(tensor.dtype, p.itemsize * 8)
+        for r in range(world):
+            stored[r] += math.prod(p.local_shapes[r]) * bits // 8
+    out_families, issues = [], []
+    for members in families.values():
+        family, found = _simulate_family(tf, built, members, mapping, shard_map)
+        out_families.append(family)
+        issues.extend(found)
+        for r in range(world):
+            stored[r] += family.rank_stored_bytes[r]
+    return LoadSection(rank_stored_bytes=tuple(stored), rank_resident_bytes=tuple(shard_map.rank_param_bytes),
+                       families=tuple(out_families), issues=tuple(issues))
+
+
+def _stored_tensor(name: str, mapping):
+    if name in mapping.companions:
+        return mapping.companions[name]
+    names = mapping.by_param.get(name)
+    if not names or len(names) != 1:
+        return None
+    return mapping.tensor(names[0])
+
+
+def _mesh_size(p: ParamShard, shard_map: ShardMap) -> int:
+    return shard_map.ep_size if p.plan == "ep" else shard_map.tp_size
+
+
+def _family_key(p: ParamShard, sources: dict, shard_map: ShardMap) -> tuple:
+    signature = tuple((pattern, len(ts), tuple(sorted({(t.shape, t.dtype) for t in ts})))
+                      for pattern, ts in sources.items())
+    return p.generic_name, p.global_shape, p.placements, _mesh_size(p, shard_map), signature
+
+
+def _shape_values(tensor, by_name: dict, rep: ParamShard, facts) -> tuple[int, ...] | None:
+    """The values of a compressed-tensors `X_shape` tensor: the logical `[out, in]` of the weight it describes (what
+    its compressor stored, `torch.tensor(weight.shape)`): `out` from the packed sibling's rows, `in` from the parameter
+    it loads into (the last dimension, or the one before for a transposed experts layout). `None` when unknown."""
+    leaf = tensor.name.rpartition(".")[2]
+    if not leaf.endswith("_shape") or tensor.shape != (2,) or not tensor.dtype.startswith(("I", "U")):
+        return None
+    packed = by_name.get(tensor.name[: -len("_shape")] + "_packed")
+    if packed is None or not packed.shape or len(rep.global_shape) < 2:
+        return None
+    transposed = bool(getattr(facts, "is_transposed", False)) if facts is not None else False
+    in_dim = rep.global_shape[-2] if transposed and len(rep.global_shape) == 3 else rep.global_shape[-1]
+    return packed.shape[0], in_dim
+
+
+def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: ShardMap) \
+        -> tuple[LoadFamily, list[LoadIssue]]:
+    rep = members[0]
+    world = shard_map.world_size
+    mesh = _mesh_size(rep, shard_map)
+    renamer = mapping.renamer
+    sources = mapping.sources[rep.name]
+    from .compat.loading import natural_key
+
+    ordered = {pattern: sorted(ts, key=lambda t: natural_key(t.name)) for pattern, ts in sources.items()}
+    by_name = {t.name: t for ts in ordered.values() for t in ts}
+    facts = built.modules.get(rep.name.rpartition(".")[0])  # the experts module, for its layout flags
+    specs = {pattern: [SourceSpec(t.shape, t.dtype, i, _shape_values(t, by_name, rep, facts))
+                       for i, t in enumerate(ts)] for pattern, ts in ordered.items()}
+    metadata = {pattern for pattern, ss in specs.items() if any(s.values is not None for s in ss)}
+    data = bool(metadata)
+    first_pattern = next(iter(ordered))
+    dtypes = {t.dtype: tf.torch_dtype(t.dtype) for t in by_name.values()}
+    operations = tf.converter_operations(renamer, first_pattern)
+    # decompressed: the quantizer's dequantize operation runs on tensors stored in a quantized dtype (integer words,
+    # float8/float4); a float tensor passing through the same generic converter (an embedding) is only cast
+    decompressed = first_pattern in renamer.dequantizing and any(
+        t.dtype.startswith(("I", "U", "F8", "F4")) for t in by_name.values())
+    checkpoint_names = tuple(generic_name(ts[0].name) for ts in ordered.values())
+
+    if first_pattern in renamer.quantizer_ops and built.quantization is not None and built.quantization.gpu_view:
+        run_ops, why_not = False, (f"the quantizer's own load operations ({', '.join(operations)}) need the target "
+                                   "GPU's kernels; shard-on-read was simulated, the operations were not")
+    else:
+        run_ops, why_not = True, None
+    stored = [0] * world
+    results: dict[int, tuple] = {}  # rank -> (kind, detail) of what happened
+    converted: dict[tuple, tuple] = {}  # the operations' result per distinct input (ranks often get alike pieces)
+    lost_by_pattern: dict[str, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
+    rebuilt: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (rank, rebuilt in_features, true)
+    simulated, reason = True, None
+    for r in range(world):
+        try:
+            reader = tf.load_reader(rep.global_shape, rep.placements, mesh, r % mesh) if rep.placements else None
+        except LoadStepError as e:
+            results[r] = ("raises", e, None, None)
+            continue
+        counts: dict[str, int] = {}
+        pieces: dict[str, list] = {}
+        error: tuple | None = None
+        size = 0
+        for pattern, ss in specs.items():
+            kept = []
+            n = 0
+            for spec in ss:
+                try:
+                    shape = reader.local_shape(spec, dtypes[spec.dtype]) if reader is not None else spec.shape
+                except LoadStepError as e:
+                    if error is None:
+                        error = (e, generic_name(ordered[pattern][spec.tensor_idx].name))
+                    continue
+                if shape is None:
+                    continue
+                n += 1
+                stored[r] += math.prod(shape) * SAFETENSORS_DTYPE_BITS.get(spec.dtype, 8) // 8
+                if spec.values is not None and math.prod(shape) < math.prod(spec.shape):
+                    if not lost_by_pattern[pattern] or lost_by_pattern[pattern][-1][0] != r:
+                        lost_by_pattern[pattern].append((r, shape))
+                        if math.prod(shape) == 0:
+                            rebuilt[pattern].append(_rebuilt(tf, renamer, pattern, spec, ordered, by_name, reader,
+                                                             dtypes, r))
+                if len(kept) < KEEP:
+                    kept.append(spec)
+                    size += math.prod(shape)
+            counts[pattern] = n
+            pieces[pattern] = kept
+        if error is not None:
+            results[r] = ("raises", error[0], error[1], None)
+            continue
+        if not run_ops:
+            simulated, reason = False, why_not
+            continue
+        if data and size > MAX_DATA_ELEMENTS:
+            simulated, reason = False, (f"the operations read values, and one rank's pieces hold {size:,} elements: "
+                                        "not run here")
+            continue
+        try:
+            collected = {pattern: [t for t in (reader.materialize(s, dtypes[s.dtype], data) if reader is not None
+                                               else _whole(s, dtypes[s.dtype], data) for s in kept) if t is not None]
+                         for pattern, kept in pieces.items()}
+            key = (tuple((p, tuple(_signature(t) for t in ts)) for p, ts in collected.items()),
+                   tuple(counts.items()))
+            if key not in converted:
+                try:
+                    converted[key] = ("ran", tf.load_convert(renamer, first_pattern, rep.name, collected, built.model))
+                except LoadStepError as e:
+                    converted[key] = ("raises", e)
+            kind, value = converted[key]
+            if kind == "raises":
+                raise value
+        except LoadStepError as e:
+            results[r] = ("raises", e, None, None)
+            continue
+        results[r] = ("ran", value, counts, None)
+
+    issues = _issues(rep, results, lost_by_pattern, rebuilt, ordered, shard_map, " -> ".join(operations))
+    rank_resident = tuple(sum(p.rank_bytes(r) for p in members) for r in range(world))
+    family = LoadFamily(
+        name=rep.generic_name, count=len(members), tensor_count=len(by_name) * len(members),
+        checkpoint_names=checkpoint_names, operations=operations,
+        decompressed=decompressed, stored_dtypes=tuple(sorted({t.dtype for t in by_name.values()})), dtype=rep.dtype,
+        rank_stored_bytes=tuple(s * len(members) for s in stored), rank_resident_bytes=rank_resident,
+        simulated=simulated, reason=reason)
+    return family, issues
+
+
+def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, ordered: dict, by_name: dict, reader, dtypes, rank: int):
+    """`(rank, rebuilt in_features, true in_features)` where a rank's metadata piece is empty and the converter rebuilds
+    the input size from its packed sibling's width (compressed-tensors MoE decompression), else `None`."""
+    name = ordered[pattern][spec.tensor_idx].name
+    packed = by_name.get(name[: -len("_shape")] + "_packed")
+    if packed is None or spec.values is None or reader is None:
+        return None
+    siblings = next((ts for ts in ordered.values() if packed in ts), [packed])
+    local = None
+    for idx in range(len(siblings)):  # the packed piece of an expert this rank keeps (all experts are alike)
+        try:
+            local = reader.local_shape(SourceSpec(packed.shape, packed.dtype, idx), dtypes[packed.dtype])
+        except LoadStepError:
+            return None
+        if local is not None:
+            break
+    if not local:
+        return None
+    width = tf.packed_width_fallback(renamer, pattern, local[-1])
+    return None if width is None else (rank, width, spec.values[-1])
+
+
+def _signature(t) -> tuple:
+    """What the operations see of one piece: shape, dtype, and the values of a small integer tensor."""
+    small = t.device.type != "meta" and t.numel() <= 8 and not t.is_floating_point()
+    return tuple(t.shape), str(t.dtype), tuple(t.reshape(-1).tolist()) if small else None
+
+
+def _whole(spec: SourceSpec, torch_dtype, data: bool):
+    import torch
+
+    if spec.values is not None and data:
+        return torch.tensor(spec.values, dtype=torch_dtype).reshape(spec.shape)
+    return torch.zeros(spec.shape, dtype=torch_dtype) if data else torch.empty(spec.shape, dtype=torch_dtype,
+                                                                               device="meta")
+
+
+def _expected(rep: ParamShard, key: str, shard_map: ShardMap, out_keys) -> ParamShard | None:
+    """The parameter an output key fills: `rep` itself, or a sibling named like `rep` with the output key in place of
+    the one `rep`'s name contains (a `Chunk` of `wqkv` into `q_proj`, `k_proj`, `v_proj`)."""
+    if len(out_keys) == 1 or key in rep.name:
+        return rep
+    anchor = next((k for k in out_keys if k in rep.name), None)
+    if anchor is None:
+        return None
+    head, _, tail = rep.name.partition(anchor)
+    return shard_map.param(head + key + tail)
+
+
+def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict, ordered: dict,
+            shard_map: ShardMap, operations: str) -> list[LoadIssue]:
+    grouped: dict[tuple, list[int]] = defaultdict(list)
+    details: dict[tuple, dict] = {}
+    for r, (kind, detail, extra, _) in sorted(results.items()):
+        if kind == "raises":
+            key = ("raises", detail.stage, detail.op, detail.error, extra)
+            details.setdefault(key, {"error": detail.error, "source": extra, "stage": detail.stage, "op": detail.op})
+            grouped[key].append(r)
+            continue
+        out, counts = detail, extra
+        truncated = any(n > KEEP for n in counts.values())
+        first_count = next(iter(counts.values())) if counts else 0
+        for key_name, shape in out.items():
+            target = _expected(rep, key_name, shard_map, list(out))
+            if target is None:
+                continue
+            expected = target.local_shapes[r]
+            if truncated and shape and expected:
+                ok = tuple(shape[1:]) == tuple(expected[1:]) and first_count == expected[0]
+                shown = (first_count,) + tuple(shape[1:])
+            else:
+                ok = tuple(shape) == tuple(expected)
+                shown = tuple(shape)
+            if not ok:
+                key = ("shape", target.generic_name, shown, tuple(expected))
+                details.setdefault(key, {"name": target.generic_name, "local_shape": shown,
+                                         "expected_shape": tuple(expected)})
+                grouped[key].append(r)
+    issues = []
+    for key, ranks in grouped.items():
+        d = details[key]
+        if key[0] == "raises":
+            issues.append(LoadIssue(kind="raises", name=rep.generic_name, ranks=tuple(ranks), stage=d["stage"],
+                                    op=d["op"], error=d["error"], source=d["source"]))
+        else:
+            issues.append(LoadIssue(kind="shape", name=d["name"], ranks=tuple(ranks), stage="convert",
+                                    op=operations, local_shape=d["local_shape"], expected_shape=d["expected_shape"]))
+    for pattern, lost in lost_by_pattern.items():
+        tensor = ordered[pattern][0]
+        issues.append(LoadIssue(kind="metadata_lost", name=rep.generic_name, ranks=tuple(r for r, _ in lost),
+                                stage="read", op="DtensorShardOperation.shard_tensor", source=generic_name(tensor.name),
+                                lost=tuple(lost), full_shape=tensor.shape,
+                                rebuilt=tuple(x for x in rebuilt.get(pattern, ()) if x is not None)))
+    return issues
+
+
+def decompression_note(load: LoadSection, unit: str = "GiB") -> str:
+    """The report's note for a load that decompresses quantized tensors: which parameters, by which operation, and the
+    bytes the worst rank reads (stored) and holds (resident), both exact, in `unit`'s family."""
+    from .units import format_bytes
+
+    families = load.decompressed
+    stored = load.rank_stored_bytes
+    held = load.rank_resident_bytes
+    worst = max(range(len(held)), key=lambda r: (held[r], -r))
+    tensors = sum(f.tensor_count for f in families)
+    names = ", ".join(f"`{f.name}`" for f in families[:3]) + (f" and {len(families) - 3} more" if len(families) > 3
+                                                                 else "")
+    ops = sorted({op for f in families for op in f.operations[:1]})
+    stored_dtypes = sorted({d for f in families for d in f.stored_dtypes})
+    return (f"quantization: the load decompresses {names} ({'/'.join(stored_dtypes)} in the checkpoint) to "
+            f"{families[0].dtype} with the quantizer's own {', '.join(ops)}: rank {worst} reads {stored[worst]:,} B "
+            f"({format_bytes(stored[worst], unit)}) of the checkpoint and holds {held[worst]:,} B "
+            f"({format_bytes(held[worst], unit)}) after the load ({sum(f.count for f in families):,} parameters from "
+            f"{tensors:,} checkpoint tensors)")
