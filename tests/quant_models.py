@@ -90,7 +90,9 @@ KIMI_LIKE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_inte
                  max_position_embeddings=64)
 
 
-def compressed_tensors_moe(out: Path, bits: int = 4, group: int = 32) -> Path:
+def compressed_tensors_moe(out: Path, bits: int = 4, group: int = 32,
+                           ignore: tuple[str, ...] = ("lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                                                      "re:.*mlp\\.(gate|up|gate_up|down)_proj.*")) -> Path:
     """A tiny DeepSeek-V3 stored as Kimi-K2.5 stores its routed experts: per expert and projection, compressed-tensors
     `weight_packed` (int32, packed by compressed-tensors' own `pack_to_int32`), `weight_scale` (bfloat16, one per
     `group` inputs) and `weight_shape` (int32 `[out, in]`); the quantization_config of Kimi-K2.5 (int, symmetric,
@@ -126,8 +128,7 @@ def compressed_tensors_moe(out: Path, bits: int = 4, group: int = 32) -> Path:
                                                   "group_size": group, "num_bits": bits, "observer": "minmax",
                                                   "observer_kwargs": {}, "strategy": "group", "symmetric": True,
                                                   "type": "int"}}},
-        "format": "pack-quantized", "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
-                                              "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+        "format": "pack-quantized", "ignore": list(ignore),
         "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"}
     (out / "config.json").write_text(json.dumps(doc, indent=1))
     return out

@@ -75,6 +75,14 @@ def test_w8a16_per_rank_bytes_are_the_packed_layout_and_rowwise_scales_are_empti
     assert o.facts["local_shapes"] == [[c["hidden_size"], 1]] + [[c["hidden_size"], 0]] * 3
     words = c["num_attention_heads"] * c["hidden_size"] // c["num_attention_heads"] * 8 // 32
     assert o.facts["weight_local_shapes"][1] == [c["hidden_size"], chunk(words, tp, 1)]
+    # compressed-tensors decompresses each module in place on the first forward pass: the bf16 weight takes the packed
+    # weight's split, weight_scale and weight_shape stay
+    def decompressed(name, o, i, r):
+        if name in COLWISE:
+            return chunk(o, tp, r) * i * 2 + chunk(o, tp, r) * 2 + chunk(2, tp, r) * 8
+        return o * chunk(i, tp, r) * 2 + o * chunk(1, tp, r) * 2 + chunk(2, tp, r) * 8
+
+    assert list(report.loading.rank_first_forward_bytes) == _dense_by_hand(c, tp, decompressed)
     shape = {f.target for f in report.findings if f.code == "TPA201"}
     assert shape == {f"model.layers.*.{m}.weight_shape" for m in
                      ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -205,3 +213,52 @@ def test_ct_moe_weight_shape_lost_under_ep(ct_moe, bits):
     assert any(f.facts["ranks"] == [0, 1] for f in failing)
     if bits == 3:   # compressed-tensors itself then refuses the 60 columns of its 32-value groups
         assert any(f.facts["ranks"] == [2, 3] and "60" in f.facts["error"] for f in failing)
+
+
+def test_a_config_that_quantizes_modules_the_checkpoint_stores_plain(tmp_path):
+    """The Kimi-like MoE with `re:.*shared_experts.*` dropped from `ignore`: its `targets: ["Linear"]` now cover the
+    shared experts, which the checkpoint stores as plain bf16 `weight`s. transformers' own load (one process, with
+    `output_loading_info`) reports exactly those weights as unexpected and their packed parameters as missing:
+    TPA204 names the three shared-expert projections, and TPA301/TPA302 do not repeat them."""
+    from quant_models import compressed_tensors_moe
+    from transformers import AutoModelForCausalLM
+
+    path = compressed_tensors_moe(tmp_path / "moe", ignore=("lm_head", "re:.*self_attn.*",
+                                                             "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"))
+    _, info = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    unexpected = {k for k in info["unexpected_keys"] if "shared_experts" in k}
+    missing = {k for k in info["missing_keys"] if "shared_experts" in k}
+    projections = ("gate_proj", "up_proj", "down_proj")
+    assert unexpected == {f"model.layers.1.mlp.shared_experts.{p}.weight" for p in projections}
+    assert {k.rsplit(".", 1)[-1] for k in missing} == {"weight_packed", "weight_scale", "weight_shape"}
+    report = audit(str(path), tp=1)
+    found = {f.target for f in report.findings if f.code == "TPA204"}
+    assert found == {f"model.layers.*.mlp.shared_experts.{p}" for p in projections}
+    assert all(f.severity == "error" for f in report.findings if f.code == "TPA204")
+    assert not [f for f in report.findings if f.code in ("TPA301", "TPA302") and "shared_experts" in f.target]
+
+
+@pytest.mark.parametrize("preset, fmt", [("W8A16", "pack-quantized"), ("FP8_DYNAMIC", "float-quantized")])
+def test_first_forward_decompression_is_measured_as_predicted(tmp_path, preset, fmt):
+    """transformers loads a compressed-tensors checkpoint compressed (no `dequantize`), and compressed-tensors'
+    `ct_decompress_hook` decompresses every compressed module in place on the first forward pass. A tiny checkpoint
+    written by compressed-tensors, loaded by transformers in this process: the parameter bytes after the load and
+    after one forward are the report's `rank_resident_bytes` and `rank_first_forward_bytes`."""
+    import torch
+    from quant_models import compressed_tensors_dense
+    from transformers import AutoModelForCausalLM
+
+    path = compressed_tensors_dense(tmp_path / preset, preset, fmt, strategy="channel")
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+
+    def held() -> int:
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+
+    loaded = held()
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))
+    after = held()
+    assert after > loaded
+    report = audit(str(path), tp=1)
+    assert report.loading.rank_resident_bytes == (loaded,)
+    assert report.loading.rank_first_forward_bytes == (after,)

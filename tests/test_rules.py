@@ -23,7 +23,7 @@ from conftest import CASES, FIXTURES, read_json_any
 RULES = Path(__file__).parent / "rules"
 TABLES = {p.stem: json.loads(p.read_text()) for p in sorted(RULES.glob("TPA*.json"))}
 # the largest fixtures (DeepSeek-V3: 91,991 tensors) and the FP8 quantizer's models run outside the fast loop
-SLOW_MODELS = {"deepseek-v3", "case:14-fp8-block-shards-smaller-than-block"}
+SLOW_MODELS = {"deepseek-v3", "kimi-k2.5", "case:14-fp8-block-shards-smaller-than-block"}
 CASES_PARAMS = [pytest.param(code, i, id=f"{code}-{i}-{case['name'][:40]}",
                              marks=pytest.mark.slow if case["model"] in SLOW_MODELS else ())
                 for code, table in TABLES.items() for i, case in enumerate(table["cases"])]

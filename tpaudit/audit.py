@@ -16,7 +16,7 @@ from pathlib import Path
 from .build import BuildOptions, BuiltModel, build_model
 from .checks.registry import CheckContext, CheckOptions, get_rule, run_checks
 from .evidence import gather as gather_evidence
-from .loading import decompression_note, simulate_load
+from .loading import decompression_note, first_forward_note, simulate_load
 from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
                     total_bytes, why_unsharded)
 from .plan import ResolvedPlan, resolve_plan
@@ -88,8 +88,11 @@ class Audit:
         notes = list(self.built.notes)
         if "untested" in self.versions:
             notes.insert(0, self.versions["untested"])
+        unit = (options or CheckOptions()).unit
         if load is not None and load.decompressed:
-            notes.append(decompression_note(load, (options or CheckOptions()).unit))
+            notes.append(decompression_note(load, unit))
+        if load is not None and load.rank_first_forward_bytes is not None:
+            notes.append(first_forward_note(load, unit))
         return tuple(notes)
 
 

@@ -47,10 +47,14 @@ def simulate_load(built, shard_map: ShardMap) -> LoadSection | None:
     Returns:
         `LoadSection`: bytes each rank reads (stored dtypes) and holds, the converted families, the issues.
     """
+    tf = backend()
+    first_forward = _first_forward_bytes(tf, built, shard_map)
     mapping = built.mapping
     if mapping is None:
-        return None
-    tf = backend()
+        if first_forward is None:
+            return None
+        return LoadSection(rank_stored_bytes=None, rank_resident_bytes=tuple(shard_map.rank_param_bytes),
+                           rank_first_forward_bytes=first_forward)
     world = shard_map.world_size
     stored = [0] * world
     families: dict[tuple, list[ParamShard]] = defaultdict(list)
@@ -75,7 +79,45 @@ def simulate_load(built, shard_map: ShardMap) -> LoadSection | None:
         for r in range(world):
             stored[r] += family.rank_stored_bytes[r]
     return LoadSection(rank_stored_bytes=tuple(stored), rank_resident_bytes=tuple(shard_map.rank_param_bytes),
-                       families=tuple(out_families), issues=tuple(issues))
+                       families=tuple(out_families), issues=tuple(issues), rank_first_forward_bytes=first_forward)
+
+
+def _first_forward_bytes(tf, built, shard_map: ShardMap) -> tuple[int, ...] | None:
+    """Per-rank parameter bytes after compressed-tensors decompresses every compressed module in place on the first
+    forward pass (`None` when the model has no such hook): each compressed module's parameters are replaced by what
+    compressed-tensors' own `decompress_module` leaves (see `compat.loading.decompressed_on_first_forward`); a new
+    parameter (the decompressed `weight`) is split by the placements of the quantized weight it replaces, one that
+    stays (`weight_scale`) keeps its own shards."""
+    after = tf.decompressed_on_first_forward(built.model)
+    if after is None:
+        return None
+    import torch
+
+    world = shard_map.world_size
+    out = list(shard_map.rank_param_bytes)
+    by_module: dict[str, dict[str, ParamShard]] = defaultdict(dict)
+    for p in shard_map.params:
+        if p.tied_to is None and p.module_name in after:
+            by_module[p.module_name][p.name.rpartition(".")[2]] = p
+    sizes: dict[str, int] = {}
+    for module, leaves in after.items():
+        params = by_module.get(module, {})
+        ref = params.get("weight_packed") or params.get("weight") or params.get("qweight")
+        mesh = _mesh_size(ref, shard_map) if ref is not None else 1
+        for r in range(world):
+            out[r] -= sum(p.rank_bytes(r) for p in params.values())
+            for leaf, (shape, dtype) in leaves.items():
+                if dtype not in sizes:
+                    sizes[dtype] = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+                kept = params.get(leaf)
+                if kept is not None and kept.global_shape == shape:
+                    local = kept.local_shapes[r]
+                elif ref is not None and ref.placements:
+                    local = tf.local_shape(shape, ref.placements, mesh, r % mesh)
+                else:
+                    local = shape
+                out[r] += math.prod(local) * sizes[dtype]
+    return tuple(out)
 
 
 def _stored_tensor(name: str, mapping):
@@ -317,6 +359,19 @@ def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict
                                 lost=tuple(lost), full_shape=tensor.shape,
                                 rebuilt=tuple(x for x in rebuilt.get(pattern, ()) if x is not None)))
     return issues
+
+
+def first_forward_note(load: LoadSection, unit: str = "GiB") -> str:
+    """The report's note for a model compressed-tensors decompresses on its first forward pass: the worst rank's
+    bytes after the load and after that pass, exact, in `unit`'s family."""
+    from .units import format_bytes
+
+    after, held = load.rank_first_forward_bytes, load.rank_resident_bytes
+    worst = max(range(len(after)), key=lambda r: (after[r], -r))
+    return (f"quantization: compressed-tensors decompresses every compressed module in place on the first forward "
+            f"pass (its ct_decompress_hook; transformers loads without dequantize by default): rank {worst} holds "
+            f"{held[worst]:,} B ({format_bytes(held[worst], unit)}) after the load and {after[worst]:,} B "
+            f"({format_bytes(after[worst], unit)}) from the first forward on; size counts the latter")
 
 
 def decompression_note(load: LoadSection, unit: str = "GiB") -> str:

@@ -154,6 +154,35 @@ class CheckpointMapping:
         return groups
 
     @cached_property
+    def stored_unquantized(self) -> dict[str, list[tuple[CheckpointTensor, list[str]]]]:
+        """Modules the quantizer laid out in a quantized form whose checkpoint stores them unquantized: concrete module
+        name -> `[(the stored tensor, the module's quantized parameters nothing loads)]`.
+
+        A module whose quantized parameters (`weight_packed`, `weight_scale`, `weight_shape`, `qweight`, ...) have no
+        checkpoint tensor while the checkpoint's plain `weight` for it maps to nothing (the quantizer replaced the
+        `weight` parameter): the loader drops the stored weight and leaves the quantized parameters uninitialised.
+        When the stored tensor is a fused one the loader would chunk into several modules (`wqkv` into q/k/v), its
+        renamed key names the first of them; the others are listed too when their own quantized parameters are
+        missing. Computed once per mapping."""
+        missing_by_module: dict[str, list[str]] = defaultdict(list)
+        for name in self.missing:
+            module, _, leaf = name.rpartition(".")
+            if is_quant_tensor_name(leaf):
+                missing_by_module[module].append(name)
+        out: dict[str, list[tuple[CheckpointTensor, list[str]]]] = {}
+        for tensor, renamed in self.unmapped:
+            module, _, leaf = renamed.rpartition(".")
+            if leaf not in ("weight", "bias") or module not in missing_by_module:
+                continue
+            missing = list(missing_by_module[module])
+            if self.renamer is not None and self.renamer.siblings is not None:
+                _, pattern = self.renamer.rename(tensor.name)
+                for sibling in self.renamer.siblings(renamed, pattern) if pattern else ():
+                    missing += missing_by_module.get(sibling.rpartition(".")[0], [])
+            out.setdefault(module, []).append((tensor, missing))
+        return out
+
+    @cached_property
     def generic_unmapped_modules(self) -> frozenset[str]:
         """Generic names of the modules that hold unmapped tensors (each renamed key without its last part); read
         once the mapping is complete, computed once (every option of a `size` run checks the same mapping)."""

@@ -600,17 +600,21 @@ class LoadSection:
     """What transformers' own load does with the checkpoint on every rank (`tpaudit.loading.simulate_load`).
 
     Attributes:
-        rank_stored_bytes (`tuple[int, ...]`): checkpoint bytes each rank reads (its shards of every checkpoint
-            tensor that loads into a parameter), in the stored dtypes.
+        rank_stored_bytes (`tuple[int, ...]`, *optional*): checkpoint bytes each rank reads (its shards of every
+            checkpoint tensor that loads into a parameter), in the stored dtypes; `None` without a checkpoint.
         rank_resident_bytes (`tuple[int, ...]`): parameter bytes each rank holds after the load (the shard map's).
         families (`tuple[LoadFamily, ...]`): the parameters a converter fills, by generic name.
         issues (`tuple[LoadIssue, ...]`): what goes wrong, by family.
+        rank_first_forward_bytes (`tuple[int, ...]`, *optional*): parameter bytes each rank holds once
+            compressed-tensors has decompressed every compressed module in place on the first forward pass (its
+            `ct_decompress_hook`, transformers' default path); `None` when the load keeps no such hook.
     """
 
-    rank_stored_bytes: tuple[int, ...]
+    rank_stored_bytes: tuple[int, ...] | None
     rank_resident_bytes: tuple[int, ...]
     families: tuple[LoadFamily, ...] = ()
     issues: tuple[LoadIssue, ...] = ()
+    rank_first_forward_bytes: tuple[int, ...] | None = None
 
     @property
     def decompressed(self) -> tuple[LoadFamily, ...]:
@@ -618,8 +622,10 @@ class LoadSection:
         return tuple(f for f in self.families if f.decompressed)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank_stored_bytes": list(self.rank_stored_bytes),
+        return {"rank_stored_bytes": list(self.rank_stored_bytes) if self.rank_stored_bytes is not None else None,
                 "rank_resident_bytes": list(self.rank_resident_bytes),
+                "rank_first_forward_bytes": (list(self.rank_first_forward_bytes)
+                                             if self.rank_first_forward_bytes is not None else None),
                 "families": [f.to_json() for f in self.families], "issues": [i.to_json() for i in self.issues]}
 
 

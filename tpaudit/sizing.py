@@ -311,6 +311,26 @@ def _kv_heads_split(kv: dict | None) -> str | None:
             "and the sharded attention disagree (TPA102)")
 
 
+# `check`'s notes that give one option's figures; `size` says the same once, for every option
+_PER_OPTION_NOTES = ("quantization: the load decompresses", "quantization: compressed-tensors decompresses")
+FIRST_FORWARD_NOTE = ("quantization: compressed-tensors decompresses every compressed module in place on the first "
+                      "forward pass (its ct_decompress_hook; transformers loads without dequantize by default): the "
+                      "weights of each option are what a rank holds from then on, more than after the load")
+DECOMPRESSED_NOTE = ("quantization: the load decompresses quantized checkpoint tensors to the model dtype (the "
+                     "quantizer's own dequantize operation): the weights of each option are the decompressed bytes "
+                     "(tpaudit check shows what each rank reads of the checkpoint)")
+
+
+def _serving_weights(report) -> tuple[int, ...]:
+    """Parameter bytes per rank while serving: what the load holds, or, where compressed-tensors decompresses every
+    compressed module on the first forward pass, what it holds from then on (the larger of the two, per rank)."""
+    load = report.loading
+    after = load.rank_first_forward_bytes if load is not None else None
+    if after is None:
+        return tuple(report.rank_param_bytes)
+    return tuple(max(a, b) for a, b in zip(report.rank_param_bytes, after))
+
+
 def _load_fails(load) -> str | None:
     """Why an option is invalid because transformers' own load of the checkpoint fails on some rank (TPA304), from the
     report's load section; `None` when it does not."""
@@ -489,7 +509,11 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
             options.append(SizeOption(tp, ep, False, str(e), (), 0, capacity_bytes, 0))
             continue
         model_info = model_info or report.model
-        notes.update(report.notes)
+        notes.update(n for n in report.notes if not n.startswith(_PER_OPTION_NOTES))
+        if report.loading is not None and report.loading.rank_first_forward_bytes is not None:
+            notes.add(FIRST_FORWARD_NOTE)
+        if report.loading is not None and report.loading.decompressed:
+            notes.add(DECOMPRESSED_NOTE)
         kv = report.kv_cache.to_json() if report.kv_cache is not None else None
         kv_name = kv_dtype or (kv["dtype"] if kv else report.model["dtype"])
         kv_torch = getattr(torch, kv_name, None) if kv_name else None
@@ -500,12 +524,12 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         scale = kv_itemsize / kv["itemsize"] if kv else 1.0
         state = int(kv["linear_state_bytes_per_sequence"] * scale) * batch if kv else 0
         over = overhead.bytes_for(capacity_bytes)
-        ranks = tuple(RankMemory(r, report.rank_param_bytes[r],
-                                 _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
+        weights = _serving_weights(report)
+        ranks = tuple(RankMemory(r, weights[r], _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
                       for r in range(report.shard_map.world_size))
         reason = _kv_heads_split(kv) or _load_fails(report.loading)
         per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
-        fit = context_fit(kv, report.rank_param_bytes, capacity_bytes=capacity_bytes, overhead_bytes=over,
+        fit = context_fit(kv, weights, capacity_bytes=capacity_bytes, overhead_bytes=over,
                           state_bytes=state, batch=batch, scale=scale, cap_tokens=cap_tokens)
         train = None
         if training is not None:

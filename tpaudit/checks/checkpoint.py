@@ -43,7 +43,11 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     # their generic name, so 23,040 unmapped experts are one finding, not 23,040
     groups = mapping.unmapped_by_root(ctx.modules)
     missing_modules = mapping.generic_missing_modules
+    explained = _explained_by_quant_config(ctx)
     for generic, members in sorted(groups.items()):
+        members = [(t, r) for t, r in members if t.name not in explained]
+        if not members:
+            continue
         total = total_bytes([t for t, _ in members])
         first, root = members[0]
         roots = sorted({r for _, r in members})
@@ -94,7 +98,11 @@ def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     if mapping is None or not mapping.missing:
         return
     groups = defaultdict(list)
+    explained = {m for items in mapping.stored_unquantized.values() for _, ms in items for m in ms} \
+        if _explained_by_quant_config(ctx) else set()
     for name in mapping.missing:
+        if name in explained:
+            continue  # TPA204: the quantization config, not the checkpoint, is what is wrong there
         groups[generic_name(name)].append(name)
     # the checkpoint's unmapped tensors under the same module may be these parameters in a form the loader (or
     # tpaudit's quantization fallback) does not map, e.g. per-expert packed int4 next to fused experts
@@ -151,3 +159,11 @@ def check_checkpoint_shape_mismatch(ctx: CheckContext) -> Iterable[Finding]:
             fix="Use the config.json that matches this checkpoint",
             facts={"checkpoint_shape": list(m.checkpoint_shape), "model_shape": list(m.model_shape),
                    "example": m.checkpoint_names[0]})
+
+
+def _explained_by_quant_config(ctx: CheckContext) -> set[str]:
+    """Checkpoint names TPA204 reports (modules the quantization config quantizes but the checkpoint stores plain)."""
+    mapping = ctx.mapping
+    if ctx.quantization is None or not ctx.quantization.ran:
+        return set()
+    return {t.name for items in mapping.stored_unquantized.values() for t, _ in items}

@@ -211,6 +211,62 @@ def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
                        "weight": weight.generic_name, "weight_local_shapes": [list(s) for s in weight.local_shapes]})
 
 
+@rule("TPA204", "quant_config_mismatch", points_at="config")
+def check_quant_config_mismatch(ctx: CheckContext) -> Iterable[Finding]:
+    """The quantization config quantizes modules that the checkpoint stores unquantized.
+
+    **What it detects**
+    transformers' quantizer lays out every module the `quantization_config` targets (and does not `ignore`) in its
+    quantized form (`weight_packed`, `weight_scale`, `weight_shape` for compressed-tensors) before any weight is
+    read. When the checkpoint stores such a module as a plain `weight`, that tensor matches no parameter (the loader
+    drops it as unexpected) and the quantized parameters get no checkpoint tensor (the loader initialises them).
+
+    **Why it matters**
+    The module computes with garbage: the published weights of a whole tower are silently replaced. Kimi-K2.5's
+    config targets every `Linear` and ignores only attention, shared experts, dense MLPs and `lm_head`, while its
+    checkpoint stores the vision tower and projector in bfloat16: all 164 of their Linears load uninitialised.
+
+    **Example**
+    `quantization_config = {"config_groups": {"group_0": {"targets": ["Linear"], ...}}, "ignore": ["lm_head"]}` on a
+    checkpoint whose `vision_tower.*` tensors are `weight` in BF16.
+
+    **Fix**
+    Add the modules to the config's `ignore` list (Kimi-K2.6 adds `re:vision_tower.*` and `re:mm_projector.*`), or
+    narrow `targets`.
+
+    **References**
+    transformers `quantizers/quantizer_compressed_tensors.py` (`_process_model_before_weight_loading`),
+    compressed-tensors `apply_quantization_config` (`targets`, `ignore`).
+    """
+    mapping = ctx.mapping
+    if mapping is None or ctx.quantization is None or not ctx.quantization.ran:
+        return
+    from ..model import generic_name
+
+    groups: dict[str, list] = {}
+    for module, items in mapping.stored_unquantized.items():
+        groups.setdefault(generic_name(module), []).extend(items)
+    for generic, items in sorted(groups.items()):
+        tensor, missing = items[0]
+        stored_bytes = sum(t.nbytes for t, _ in items)
+        leaves = sorted({m.rpartition(".")[2] for _, ms in items for m in ms})
+        modules = sorted({generic_name(m.rpartition(".")[0]).rpartition(".")[2] for _, ms in items for m in ms})
+        what = f"`{generic}`" if len(modules) == 1 else \
+            f"`{generic}` (with {', '.join(f'`{x}`' for x in modules if not generic.endswith('.' + x))}, filled " \
+            "from the same stored tensor)"
+        yield Finding(
+            code="TPA204", kind="quant_config_mismatch", severity="error", target=generic,
+            message=(f"{what}, {len(items)} module(s): the quantization config makes transformers' "
+                     f"{ctx.quantization.quantizer or ctx.quantization.method} store it as "
+                     f"{', '.join(f'`{x}`' for x in leaves)}, but the checkpoint holds it unquantized "
+                     f"(`{tensor.name}` {tensor.dtype} {list(tensor.shape)}, {ctx.size(stored_bytes)} in all): the load "
+                     "drops the stored tensors and leaves the quantized parameters uninitialised"),
+            fix=f"Add `{generic.replace('.*', '').rsplit('.', 1)[0]}` to the quantization config's `ignore` list (a "
+                "`re:` pattern covers every layer), or narrow its `targets`",
+            facts={"modules": len(items), "stored_bytes": stored_bytes, "example": tensor.name,
+                   "missing": leaves})
+
+
 @rule("TPA202", "quant_block_misaligned")
 def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
     """A shard width that is not a whole number of quantization groups or blocks.

@@ -199,3 +199,38 @@ def packed_width_fallback(converter, packed_cols: int) -> int | None:
         return None
     scheme = op.scheme or get_experts_scheme(op.hf_quantizer.compressor.quantization_config)
     return packed_cols * (32 // scheme.weights.num_bits)
+
+
+def decompressed_on_first_forward(model) -> dict[str, dict[str, tuple[tuple[int, ...], str]]] | None:
+    """What compressed-tensors' decompression hook leaves in each compressed module after the first forward pass:
+    `{module name: {parameter leaf: (global shape, torch dtype name)}}`; `None` when the model carries no such hook.
+
+    transformers' compressed-tensors path without `dequantize` (the default) compresses the meta model's targeted
+    modules (`ModelCompressor.compress_model`), which registers `ct_decompress_hook`: the first forward decompresses
+    every compressed module in place (`decompress_model`). compressed-tensors' own `decompress_module` is run here on a
+    meta copy of one module per distinct layout (its meta path: exact input size for group strategies and for bit
+    widths that divide 32, an upper bound within 32 / bits values otherwise).
+
+    Source: compressed-tensors 0.20 `compressors/model_compressors/model_compressor.py` (`add_decompress_hook`),
+    `compressors/base.py` (`decompress_module`).
+    """
+    if getattr(model, "ct_decompress_hook", None) is None:
+        return None
+    import copy
+
+    from compressed_tensors.compressors.base import decompress_module
+
+    out: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
+    done: dict[tuple, dict] = {}
+    for name, module in model.named_modules():
+        if str(getattr(module, "quantization_status", "")).lower().rsplit(".", 1)[-1] != "compressed":
+            continue
+        params = tuple((leaf, tuple(p.shape), str(p.dtype)) for leaf, p in module.named_parameters(recurse=False))
+        key = (type(module).__name__, params, repr(getattr(module, "quantization_scheme", None)))
+        if key not in done:
+            clone = copy.deepcopy(module)
+            decompress_module(clone)
+            done[key] = {leaf: (tuple(int(x) for x in p.shape), str(p.dtype).removeprefix("torch."))
+                         for leaf, p in clone.named_parameters(recurse=False)}
+        out[name] = done[key]
+    return out

@@ -601,6 +601,19 @@ class Transformers523:
         empty (compressed-tensors MoE decompression); `None` for another converter (see `loading`)."""
         return loading.packed_width_fallback(renamer.converters.get(pattern), packed_cols)
 
+    def decompressed_on_first_forward(self, model) -> dict | None:
+        """compressed-tensors' in-place decompression on the first forward pass, per compressed module (see
+        `loading.decompressed_on_first_forward`); `None` when the model has no decompression hook."""
+        with self.quiet(), _quiet_quantizer_packages():
+            return loading.decompressed_on_first_forward(model)
+
+    def local_shape(self, global_shape: tuple[int, ...], placements: tuple[Placement, ...], mesh_size: int,
+                    rank: int) -> tuple[int, ...]:
+        """The shape rank `rank` of a 1-D mesh of `mesh_size` holds of a tensor of `global_shape` with `placements`
+        (torch's own DTensor local-shape function)."""
+        torch_placements = [_torch.placement(p.kind, p.dim, p.split_factor) for p in placements]
+        return _torch.local_shape(global_shape, (mesh_size,), [rank], torch_placements)
+
     def converter_operations(self, renamer: Renamer, pattern: str) -> tuple[str, ...]:
         """Class names of the operations the converter of source `pattern` runs, in order."""
         converter = renamer.converters.get(pattern)

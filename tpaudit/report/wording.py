@@ -53,6 +53,12 @@ def load_verdict(load, unit: str = "GiB") -> tuple[str, str]:
 
     held, stored = load.rank_resident_bytes, load.rank_stored_bytes
     worst = max(range(len(held)), key=lambda r: (held[r], -r))
+    after = load.rank_first_forward_bytes
+    later = (f"; {format_int(after[worst])} B ({format_bytes(after[worst], unit)}) once compressed-tensors "
+             "decompresses on the first forward") if after is not None else ""
+    if stored is None:
+        return "ok", (f"rank {worst} holds {format_int(held[worst])} B ({format_bytes(held[worst], unit)}) after the "
+                      f"load (no checkpoint to read){later}")
     failing = sorted({r for i in load.issues if i.kind in ("raises", "shape") for r in i.ranks})
     figures = f"{format_int(stored[worst])} B ({format_bytes(stored[worst], unit)}) of the checkpoint"
     held_text = f"{format_int(held[worst])} B ({format_bytes(held[worst], unit)})"
@@ -65,5 +71,5 @@ def load_verdict(load, unit: str = "GiB") -> tuple[str, str]:
                         f"{families} parameter famil{'y' if families == 1 else 'ies'} (TPA304); where it loads, rank "
                         f"{worst} reads {figures} and holds {held_text} ({what})")
     if decompressed:
-        return "decompress", f"rank {worst} reads {figures} and holds {held_text}: {what}"
-    return "ok", f"rank {worst} reads {figures}, {what}"
+        return "decompress", f"rank {worst} reads {figures} and holds {held_text}: {what}{later}"
+    return "ok", f"rank {worst} reads {figures}, {what}{later}"
