@@ -301,3 +301,19 @@ def test_an_untested_release_that_passes_the_probes_runs_and_says_so(monkeypatch
     finally:
         monkeypatch.undo()
         compat.reset_for_tests()
+
+
+def test_the_supported_range_is_written_once():
+    """The supported transformers releases: each release line's `SUPPORTED`, joined by `compat.supported_range()`;
+    the package's dependency and the README's install advice say the same range."""
+    import tomllib
+
+    from tpaudit.compat import supported_range
+
+    spec = supported_range()
+    root = Path(__file__).resolve().parent.parent
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"transformers{spec}" in deps
+    readme = (root / "README.md").read_text()
+    assert f"transformers{spec}" in readme and f"transformers {spec}" in readme
+    assert not [d for d in deps if d.startswith("transformers") and d != f"transformers{spec}"]

@@ -39,6 +39,16 @@ def _lines():
     return (Transformers523,)  # newest first
 
 
+def supported_range() -> str:
+    """The transformers releases tpaudit supports, as a pip specifier (`">=5.23,<5.25"`): from the oldest release
+    line's lower bound to the newest line's upper bound. The one place the range is written: each line's
+    `SUPPORTED`; `pyproject.toml` and the README repeat it, and `tests/test_compat_pins.py` holds them to it."""
+    lines = _lines()
+    low = lines[-1].SUPPORTED.split(",")[0]
+    high = lines[0].SUPPORTED.split(",")[-1]
+    return f"{low},{high}"
+
+
 def _major_minor(version: str) -> str:
     parts = version.split("+")[0].split(".")
     return ".".join(parts[:2])
@@ -57,7 +67,7 @@ def require_installed() -> dict[str, str]:
         if versions[dist] is None:
             raise UnsupportedVersionError(
                 f"{dist} is not installed, and tpaudit simulates with it. Install it: "
-                "pip install torch==2.13.0 'transformers>=5.23,<5.25'")
+                f"pip install torch==2.13.0 'transformers{supported_range()}'")
     return versions
 
 

@@ -1,0 +1,96 @@
+"""The Python API (`tpaudit.check`) and the load-time guard's own logic, in this process: no torchrun ranks, so the
+fast loop runs them (the guard on real ranks is tests/test_guard.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, ROOT, run_cli
+
+
+def test_api_check_equals_cli_json():
+    import tpaudit
+
+    path = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
+    report = tpaudit.check(path, tp_size=4)
+    cli = json.loads(run_cli("check", path, "--tp", "4", "--format", "json").stdout)
+    api = report.to_json()
+    for key in ("ranks", "total_param_bytes", "worst_rank_param_bytes", "replicated", "unused_rules", "findings",
+                "params", "kv_cache"):
+        assert api[key] == cli[key], key
+    assert report.worst_rank_param_bytes == 16_362_514_912
+
+
+def test_api_accepts_config_and_meta_model_objects():
+    import torch
+    import tpaudit
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(ROOT / "fixtures" / "cases" / "18-qwen2-moe-shared-expert-replicated"))
+    by_config = tpaudit.check(config, tp_size=4)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    by_model = tpaudit.check(model, tp_size=4)
+    assert by_model.rank_param_bytes == by_config.rank_param_bytes
+    assert {f.target for f in by_model.findings if f.severity == "error"} == {
+        f"model.layers.*.mlp.shared_expert.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+    assert all(p.device.type == "meta" and not hasattr(p, "placements") for p in model.parameters())  # untouched
+    # a model object's merged plans cannot be handed to a small model: said, before any small model is built
+    forced = tpaudit.check(model, tp_size=4, parity=True).parity
+    assert not forced.ran and forced.reason.startswith("not run: a model object's merged plans")
+
+
+def test_api_errors_are_exceptions_with_facts():
+    import tpaudit
+    from tpaudit.errors import ModelReferenceError, PlanError, UsageError
+
+    with pytest.raises(ModelReferenceError) as e:
+        tpaudit.check("no/such/dir.json", tp_size=2)
+    assert e.value.ref == "no/such/dir.json" and e.value.exit_code == 2
+    with pytest.raises(PlanError):
+        tpaudit.check(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp_size=2, plan={"x": "colwize"})
+    with pytest.raises(UsageError):
+        tpaudit.check(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp_size=0)
+
+
+def test_guard_allow_list_threshold_and_restore():
+    import tpaudit
+    from transformers.distributed.mixin import DistributedMixin
+
+    original = DistributedMixin.__dict__["maybe_distribute_model"]
+    report = {"replicated_bytes": 1000, "findings": [
+        {"code": "TPA001", "kind": "replicated_weight", "severity": "error", "target": "model.layers.*.mlp.a.weight"},
+        {"code": "TPA102", "kind": "kv_heads_per_rank", "severity": "error", "target": "num_key_value_heads"},
+        {"code": "TPA002", "kind": "unused_rule", "severity": "warning", "target": "x"}]}
+    assert [f["code"] for f in tpaudit.strict_tp().blocking(report)] == ["TPA001", "TPA102"]
+    assert [f["code"] for f in tpaudit.strict_tp(allow=["model.layers.*.mlp.*"]).blocking(report)] == ["TPA102"]
+    assert [f["code"] for f in tpaudit.strict_tp(max_replicated_bytes=1000).blocking(report)] == ["TPA102"]
+    assert [f["code"] for f in tpaudit.strict_tp(codes=["TPA001"]).blocking(report)] == ["TPA001"]
+
+    @tpaudit.strict_tp()
+    def inside():
+        return DistributedMixin.__dict__["maybe_distribute_model"] is not original
+
+    assert inside() is True
+    assert DistributedMixin.__dict__["maybe_distribute_model"] is original
+
+
+def test_guard_refuses_a_transformers_without_what_it_wraps(monkeypatch):
+    import tpaudit
+    import tpaudit.compat as compat
+    from tpaudit.compat._probe import Capability
+    from tpaudit.compat.transformers_5_23 import Transformers523
+    from tpaudit.errors import UnsupportedVersionError
+
+    monkeypatch.setattr(Transformers523, "CAPABILITIES", Transformers523.CAPABILITIES + (
+        Capability("transformers.distributed.mixin", "DistributedMixin.no_such_hook"),))
+    compat.reset_for_tests()
+    try:
+        with pytest.raises(UnsupportedVersionError, match="DistributedMixin.no_such_hook does not exist"):
+            with tpaudit.strict_tp():
+                pass
+    finally:
+        monkeypatch.undo()
+        compat.reset_for_tests()
