@@ -55,7 +55,7 @@ def gloo_vs_threads(tp: int) -> list[tuple[str, float]]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, head_dim=16)
@@ -90,7 +90,7 @@ def main() -> int:
     transformers.logging.set_verbosity_error()
     print(f"import torch + transformers: {time.perf_counter() - t0:.2f} s")
     sys.path.insert(0, str(ROOT))
-    from tpaudit.parity import run_parity, split_outputs
+    from tpaudit.evidence import run_parity, split_outputs
 
     for attempt in ("first call, with transformers' lazy imports", "second call"):
         t = time.perf_counter()

@@ -71,7 +71,7 @@ LLAMA_PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj
 
 def assert_cleared(result):
     """A valid split: every rank ran, every compared output matched, nothing is blamed."""
-    from tpaudit.parity import parity_findings
+    from tpaudit.checks.layout import parity_findings
 
     assert result.ran and result.passed is True, result
     assert result.error is None and result.first_divergent_module is None
@@ -80,7 +80,7 @@ def assert_cleared(result):
 
 
 def assert_caught(result, module, rule, style, code):
-    from tpaudit.parity import parity_findings
+    from tpaudit.checks.layout import parity_findings
 
     assert result.ran and result.passed is False, result
     assert (result.first_divergent_module, result.rule, result.style) == (module, rule, style), result
@@ -101,7 +101,7 @@ def test_shrink_keeps_every_residue_mod_tp_and_the_head_counts():
     wider); hidden 2816 = 0 mod 32 (divisible by 16 heads, 8 KV heads and 2 * 16) -> 32; intermediate 2112, MoE 704 ->
     8; vocab 262144 -> 64; 128 experts with a top-8 router -> 16 (the floor: max(16, 2 * 8), 16 = 128 mod 8). Head
     and KV-head counts and the router's top-k are not scaled."""
-    from tpaudit.parity import shrink_config
+    from tpaudit.evidence import shrink_config
 
     text = snap_config("gemma-4-26b-a4b").get_text_config(decoder=True)
     real = text.to_dict()
@@ -128,7 +128,7 @@ def test_expert_count_keeps_divisibility_and_group_limited_routing():
     with v = 256 = 0 (mod 16), 8 | v, v / 8 >= 2 and 4 * v / 8 >= 8 is 16. Qwen2-MoE's 60 experts at tp 8: 60 = 12
     (mod 16), floor max(16, 2 * 4) = 16 -> 28 (indivisible by 8 stays so, with remainder 4). A count at or under the
     floor (Mixtral's 8), or one whose top-k the config does not name, is kept."""
-    from tpaudit.parity import shrink_config
+    from tpaudit.evidence import shrink_config
 
     deepseek = {"n_routed_experts": 256, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8}
     small, shrunk = shrink_config(deepseek, 8)
@@ -151,7 +151,7 @@ def test_longcat_expert_width_is_scaled():
     took the small model past 20 GB and the process was killed. At tp 2 (m = 4): 2048 = 0 (mod 4) -> 8."""
     from transformers import AutoConfig
 
-    from tpaudit.parity import shrink_config
+    from tpaudit.evidence import shrink_config
 
     real = AutoConfig.for_model("longcat_flash").to_dict()
     small, shrunk = shrink_config(real, 2)
@@ -164,7 +164,7 @@ def test_one_layer_of_each_kind_in_real_order_with_per_layer_overrides():
     (512 -> 16): the small model keeps layers 0 and 5, and its global layer's k_proj has 2 * 16 outputs while the
     sliding one has 8 * 8. Qwen3-Next: full attention every 4th layer -> layers 0 (linear) and 3. gpt-oss: sliding
     and full alternate -> 0 and 1."""
-    from tpaudit.parity import build_small_model
+    from tpaudit.evidence import build_small_model
 
     small = build_small_model(snap_config("gemma-4-26b-a4b"), "Gemma4ForConditionalGeneration", None, 4)
     try:
@@ -188,7 +188,7 @@ def test_one_layer_of_each_kind_in_real_order_with_per_layer_overrides():
 # ----------------------------------------------------------------------------------------------------------------------
 def test_nothing_to_check_for_llama_and_qwen3_shipped_plans():
     """q/k/v_proj colwise viewed into heads, rotary halves inside a head, gate/up separate: no cut into parts."""
-    from tpaudit.parity import split_outputs
+    from tpaudit.evidence import split_outputs
 
     assert split_outputs(snap_config("llama-3.1-8b-instruct"), "LlamaForCausalLM", None, 8) == []
     assert split_outputs(defaults("qwen3"), "Qwen3ForCausalLM", None, 4) == []
@@ -199,7 +199,7 @@ def test_split_outputs_found_by_evidence():
     """GPT-NeoX views query_key_value per head ([head][q, k, v], rows of 3 * head_dim) and chunks it; phi3 slices
     qkv_proj into [Q | K | V] blocks and chunks gate_up_proj into halves (when both are split colwise); Qwen3-30B's
     packed experts gate_up_proj is chunked into gate and up. phi3's shipped colwise_gather_output is not a suspect."""
-    from tpaudit.parity import split_outputs
+    from tpaudit.evidence import split_outputs
 
     neox = split_outputs(defaults("gpt_neox"), "GPTNeoXForCausalLM", None, 4)
     assert [(s.module, s.style) for s in neox] == [("gpt_neox.layers.*.attention.query_key_value", "colwise")]
@@ -221,7 +221,7 @@ def test_split_outputs_found_by_evidence():
 def test_gpt_neox_per_head_query_key_value_colwise_valid_where_tp_divides_the_heads():
     """query_key_value rows are laid out [head][q, k, v]: a colwise shard of 64 heads on 4 ranks hands each rank 16
     whole heads with their q, k and v, which is exactly what the per-head view expects."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     result = run_parity(defaults("gpt_neox"), "GPTNeoXForCausalLM", None, 4)
     assert_cleared(result)
@@ -239,7 +239,7 @@ def test_phi3_qkv_gathered_is_valid_with_10_kv_heads_at_tp4_and_plain_colwise_is
     rank all 60 head-rows (10 KV heads stay 10, as transformers' get_kv_heads_per_rank says), so tp 4 is valid.
     Plain colwise at tp 2 gives rank 0 the first 30 head-rows (Q only) and rank 1 the last 30 (10 of Q, K, V): the
     slices qkv[..., :40 * 128] no longer find Q, K and V, and the attention fails."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     assert_cleared(run_parity(phi3_medium(), "Phi3ForCausalLM", None, 4))
     plan = shipped("Phi3Config", **{"layers.*.self_attn.qkv_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"})
@@ -256,7 +256,7 @@ def test_moe_gate_up_packed_colwise_valid_plain_colwise_wrong_unless_stored_per_
     share of each half: valid at tp 4. Plain colwise on a checkpoint that stores the fused tensor gives rank 0 all of
     gate and rank 1 all of up, so chunk(2) pairs gate with gate: wrong numbers. On the real checkpoint, which stores
     gate_proj and up_proj per expert, the loader slices each before fusing them, and plain colwise is valid too."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config = snap_config("qwen3-30b-a3b")
     assert_cleared(run_parity(config, "Qwen3MoeForCausalLM", None, 4))
@@ -277,7 +277,7 @@ def test_qwen3_5_linear_attention_in_proj_qkv_blocks_and_fused_experts():
     [Q_all | K_all | V_all]; plain colwise at tp 2 gives rank 0 all of Q and K and rank 1 only V: the split into
     [key_dim, key_dim, value_dim] pairs the wrong rows, and the gated norm sees other numbers. The shipped plan
     (gathered linear attention, packed_colwise experts, colwise q/k/v on 16/2 heads) is valid at tp 2."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config, keys = snap_config("qwen3.5-35b-a3b"), snap_keys("qwen3.5-35b-a3b")
     assert_cleared(run_parity(config, "Qwen3_5MoeForConditionalGeneration", None, 2, checkpoint_keys=keys))
@@ -298,7 +298,7 @@ def test_qwen3_next_in_proj_qkvz_interleaved_per_key_head():
     key-head groups, but the module reshapes with the full head counts: the forward fails. packed_colwise splits
     the rows as two contiguous halves, which cuts the groups apart: it fails too. The shipped plan gathers it, and
     runs at tp 2 (2 KV heads, 16 heads)."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config = snap_config("qwen3-next-80b-a3b-instruct")
     assert_cleared(run_parity(config, "Qwen3NextForCausalLM", None, 2))
@@ -315,7 +315,7 @@ def test_gpt_oss_experts_packed_colwise_splits_the_input_features_ep_is_valid():
     """gpt-oss stores experts.gate_up_proj as [E, hidden, 2 * intermediate] (input first, gate/up interleaved along
     the last dim). packed_colwise shards dim ndim - 2 = hidden, the input features: hidden_states @ W[e] multiplies
     64 features by 32 rows and fails. Not a cut of the output (the split is contracted away), hence TPA502."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     plan = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise", "layers.*.mlp.experts.down_proj": "rowwise",
             "layers.*.mlp.experts": "moe_tp_experts"}
@@ -334,7 +334,7 @@ def test_gemma4_global_layers_split_their_kv_head():
     """Gemma-4-26B-A4B: sliding layers have 8 KV heads, global layers 2 (num_global_key_value_heads, through
     per-layer configs). At tp 4 the global layers' k_proj (2 heads) gives each rank half a head and the per-head view
     fails, first at real layer 5; at tp 2 every layer splits whole heads."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config = snap_config("gemma-4-26b-a4b")
     assert_cleared(run_parity(config, "Gemma4ForConditionalGeneration", None, 2))
@@ -358,7 +358,7 @@ def test_fused_qkv_blocks_colwise_wrong_gathered_valid(case):
     split into [Q, K, V] sizes fails. CodeGen's qkv_proj is 4 groups of [q | v | k] (mp_num = 4 in the modeling code,
     whatever tp): its reshape to 4 groups fails on a shard. With the output gathered and the next projection
     splitting its input (rowwise_split_input) every rank computes whole attention: valid."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     cases = {
         "falcon": (defaults("falcon"), "FalconForCausalLM", "h.*.self_attention.query_key_value",
@@ -394,7 +394,7 @@ def test_colwise_colwise_chain_and_rowwise_qkv_are_style_mismatches():
     [128, 256] weight slice that expects all 256: `mat1 and mat2 shapes cannot be multiplied (16x128 and 256x128)`.
     q/k/v rowwise: q_proj gets the whole hidden state (256) but holds a [256, 128] input slice. o_proj with no rule
     after colwise q/k/v: a [256, 256] weight fed 128 features."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config = snap_config("llama-3.1-8b-instruct")
     chain = dict(LLAMA_PLAN, **{"layers.*.self_attn.o_proj": "colwise", "layers.*.mlp.down_proj": "colwise"})
@@ -418,7 +418,7 @@ def test_colwise_colwise_chain_and_rowwise_qkv_are_style_mismatches():
 @pytest.mark.slow
 def test_ep_forward_runs_on_cpu():
     """tp 2, ep 2 on Qwen3-30B-A3B (128 experts, 64 per rank): the expert-parallel forward runs on CPU and matches."""
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     result = run_parity(snap_config("qwen3-30b-a3b"), "Qwen3MoeForCausalLM", None, 2, 2)
     assert_cleared(result)
@@ -428,7 +428,7 @@ def test_ep_forward_runs_on_cpu():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_isolated_run_in_a_subprocess_gives_the_same_verdict():
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     chain = dict(LLAMA_PLAN, **{"layers.*.self_attn.o_proj": "colwise"})
     result = run_parity(snap_config("llama-3.1-8b-instruct"), "LlamaForCausalLM", chain, 2, isolate=True)
@@ -441,7 +441,7 @@ def test_isolated_run_in_a_subprocess_gives_the_same_verdict():
 # ----------------------------------------------------------------------------------------------------------------------
 def test_nothing_to_run_and_misuse():
     from tpaudit.errors import UsageError
-    from tpaudit.parity import run_parity
+    from tpaudit.evidence import run_parity
 
     config = snap_config("llama-3.1-8b-instruct")
     result = run_parity(config, "LlamaForCausalLM", None, 1)
@@ -464,11 +464,13 @@ def test_nothing_to_run_and_misuse():
 
 def test_findings_from_a_result():
     """Field by field: a fused split blamed is TPA501, anything else TPA502; a passed or skipped result none."""
-    from tpaudit.parity import ParityResult, SplitOutput, parity_findings
+    from tpaudit.checks.layout import parity_findings
+    from tpaudit.evidence import ParityResult, SplitOutput
 
     name = "model.layers.*.mlp.experts.gate_up_proj"
     split = SplitOutput(module=name, rule=name, style="colwise",
-                        action="chunk into parts of [8, 8] features out of 16, blocks of the whole output")
+                        action="chunk into parts of [8, 8] features out of 16, blocks of the whole output",
+                        cut="blocks", op="chunk", parts=(8, 8), total=16, period=16)
     wrong = ParityResult(ran=True, reason="", tp_size=2, passed=False, first_divergent_module=split.module,
                          rule=split.rule, style="colwise", observed_at="model.layers.*.mlp.experts", fused=True,
                          max_abs_error=2.5, split=(split,), model_class="Qwen3MoeForCausalLM", rank=0)

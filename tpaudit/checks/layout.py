@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from ..model import Finding
+from ..model import Finding, ParityResult, SplitOutput
 from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_logical, quant_scheme, quant_units
 from .registry import CheckContext, rule
 
@@ -111,8 +111,6 @@ def _name_suspicions(ctx: CheckContext) -> Iterable[Finding]:
 def _parity_layout_findings(ctx: CheckContext, parity) -> Iterable[Finding]:
     """With the parity check: its divergence at a fused/packed split is the error; a clean run clears every
     suspicion. (A divergence elsewhere is TPA502.)"""
-    from ..parity import parity_findings
-
     yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA501")
     if parity.passed is False:
         yield from _masked_suspicions(ctx, parity)
@@ -176,13 +174,11 @@ only when `tp_size` divides them.
 
 **References**
 transformers `distributed/tensor_parallel.py` (`ColwiseParallel`, `RowwiseParallel`); the parity check in
-`tpaudit/parity.py`.
+`tpaudit/evidence/`.
 """
     parity = ctx.parity
     if parity is None or not parity.ran or _explained_by_head_counts(ctx, parity):
         return
-    from ..parity import parity_findings
-
     yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA502")
 
 
@@ -203,3 +199,98 @@ def _explained_by_head_counts(ctx: CheckContext, parity) -> bool:
     group = next((g for g in ctx.shard_map.groups if g.generic_name.rpartition(".")[0] == blamed), None)
     heads = [h for h in values(ctx.text_config, "num_attention_heads") if isinstance(h, int)]
     return group is not None and role(group.first) in ("q", "o", "qkv") and any(h % tp for h in heads)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The findings a parity result is evidence for (the text of TPA501 / TPA502 from the typed result)
+# ----------------------------------------------------------------------------------------------------------------------
+def _relative(key: str | None, text_prefix: str) -> str | None:
+    if key and text_prefix and key.startswith(text_prefix + "."):
+        return key[len(text_prefix) + 1:]
+    return key
+
+
+def _packed_fix(split: SplitOutput | None, key: str) -> str:
+    """What to write instead, from the traced layout of the output (`SplitOutput.cut`, `parts`)."""
+    if split is not None and split.cut == "groups":
+        return (f"Split whole heads only: keep `{key}` on a tp_size that divides its heads, or use "
+                f"`{key}: colwise_gather_output`")
+    if split is not None and len(split.parts) == 2 and split.parts[0] == split.parts[1]:
+        return f"Use `{key}: packed_colwise` (two equal halves, each split across ranks)"
+    return f"Use `{key}: colwise_gather_output` (every rank keeps the whole output) and split the next module's input"
+
+
+def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Finding]:
+    """The findings a parity result is evidence for.
+
+    A passed (or skipped) result gives none: a valid split of a suspected projection is cleared, and the caller drops
+    its static suspicion (`result.split` lists the projections the forward cuts into parts; `result.passed` says they
+    survived the split). A failed one gives one error:
+
+    - `TPA501` `packed_layout` when the split blamed is one whose output the forward cuts into parts (`result.fused`):
+      a fused or packed projection split as if it were one matrix;
+    - `TPA502` `style_mismatch` otherwise: a style that does not fit how the model uses the module (a colwise-colwise
+      chain with no reduction, a rowwise module fed a whole input, a module left without a rule between split ones,
+      a projection split through a head), or a plan transformers cannot load.
+
+    Both carry `facts = {"evidence": "parity", "module", "rule", "style", "max_abs_error" | "exception",
+    "observed_at", "tp_size", "ep_size", "rank"}` (`module`, `rule`: generic names with the base model's prefix).
+
+    Args:
+        result (`ParityResult`): from `tpaudit.evidence.run_parity`.
+        text_prefix (`str`, *optional*): the base model's module path (`model`, `model.language_model`); fixes then
+            name plan keys relative to it, as a `--plan` file writes them.
+
+    Returns:
+        `list[Finding]` (zero or one).
+    """
+    if not result.ran or result.passed is not False:
+        return []
+    module = result.first_divergent_module
+    facts: dict = {"evidence": "parity", "module": module, "rule": result.rule, "style": result.style,
+                   "observed_at": result.observed_at, "tp_size": result.tp_size,
+                   "ep_size": result.ep_size, "rank": result.rank}
+    if result.error:
+        facts["exception"] = result.error
+        how = f"a rank raised {result.error.split(': ', 1)[-1]}"
+    else:
+        facts["max_abs_error"] = result.max_abs_error
+        how = (f"outputs differ from the unsharded model by up to {result.max_abs_error:.3g} (tolerance "
+               f"{result.tolerance:g} of their scale)")
+    where = f"at `{result.observed_at}`" if result.observed_at else "while loading"
+    small = f"a small {result.model_class or 'model'} on {max(result.tp_size, result.ep_size)} ranks"
+    key = _relative(result.rule or module, text_prefix) or "the rule"
+    if module is None:
+        return [Finding(
+            code="TPA502", kind="style_mismatch", severity="error", target=result.model_class or "tp_plan",
+            message=f"the sharded forward of {small} fails {where}: {how}",
+            fix="Make the plan loadable: every style must fit the module it names", facts=facts)]
+    if result.fused:
+        split = next((s for s in result.split if s.module == module), None)
+        cut = f" the forward cuts its output into parts ({split.action})" if split else ""
+        return [Finding(
+            code="TPA501", kind="packed_layout", severity="error", target=result.rule or module,
+            message=(f"`{module}` is split by `{key}: {result.style}` as one matrix, but"
+                     f"{cut or ' its output holds parts'}: the sharded forward of {small} diverges {where} ({how})"),
+            fix=_packed_fix(split, key), facts=facts)]
+    if result.rule is None and result.input_split:
+        message = (f"`{module}` receives a split input but no rule splits it (no reduction): the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+        fix = f"Add `{_relative(module, text_prefix)}: rowwise` so that it reduces the split input"
+    elif result.rule is None:
+        message = (f"the sharded forward of {small} diverges {where} ({how}), in `{module}`, which no rule splits "
+                   "and which used no split weight: a parameter it reads per head or per feature is not split "
+                   "with the rest")
+        fix = "Give the module's own parameters (attention sinks, per-head scales) the rule its inputs need"
+    else:
+        message = (f"`{key}: {result.style}` does not fit how the model uses `{module}`: the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+        if result.input_split is True:
+            fix = f"Use `{key}: rowwise`: its input arrives split by the colwise projections before it"
+        elif result.input_split is False and result.style and result.style.startswith("rowwise"):
+            fix = f"Use `{key}: colwise` (its input arrives whole), or `rowwise_split_input` to split it first"
+        else:
+            fix = ("Pair the styles: a colwise projection feeds a rowwise one that reduces it; a module fed a whole "
+                   "input is colwise (or rowwise_split_input); split heads only where tp_size divides them")
+    return [Finding(code="TPA502", kind="style_mismatch", severity="error", target=result.rule or module,
+                    message=message, fix=fix, facts=facts)]

@@ -1,4 +1,4 @@
-"""When the pipeline asks the sharded forward for evidence (the parity check, `parity.py`), and what it asks.
+"""When the pipeline asks the sharded forward for evidence, and what it asks.
 
 The engine builds a small model of the same architecture and plan, loads it on `tp_size` real ranks with
 `from_pretrained(..., distributed_config=...)` and compares its outputs with the unsharded model's. This module
@@ -9,7 +9,7 @@ decides when that is needed for one option of a report:
 - by itself when the plan splits a projection's output and the model's forward then cuts that output into parts (a
   fused or packed projection, by any name), which only the forward can tell: a cheap static filter (a module split on
   its output whose `out_features` is not one size the config names for a single projection) picks the candidates,
-  and a trace of one forward of the small model (`parity.split_outputs`) confirms that the forward cuts them;
+  and a trace of one forward of the small model (`trace.split_outputs`) confirms that the forward cuts them;
 - never with `--no-parity`, for one rank, or for a plan the loader refuses; and never for a shipped plan with no such
   projection (nothing extra runs).
 
@@ -20,27 +20,25 @@ is the layout that style is written for.
 
 from __future__ import annotations
 
-from .configs import value
-from .parity import SPLIT_OUTPUT_STYLES, ParityResult, run_parity, small_model, split_outputs
+import dataclasses
 
-# Config attributes whose value is the output width of a single (unfused) projection, alone or times the head dim.
-_WIDTHS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
-           "vocab_size", "q_lora_rank", "kv_lora_rank", "ffn_hidden_size", "n_inner", "d_ff")
-_HEADS = ("num_attention_heads", "num_key_value_heads", "num_global_key_value_heads", "linear_num_key_heads",
-          "linear_num_value_heads")
-_HEAD_DIMS = ("head_dim", "linear_key_head_dim", "linear_value_head_dim", "qk_head_dim", "v_head_dim",
-              "qk_nope_head_dim", "global_head_dim")
+from ..configs import value
+from ..model import ParityResult
+from . import vocabulary as V
+from .run import run_parity
+from .small_model import small_model
+from .trace import SPLIT_OUTPUT_STYLES, split_outputs
 
 
 def _single_widths(config) -> set[int]:
-    widths = {v for n in _WIDTHS if isinstance(v := value(config, n), int)}
-    heads = {v for n in _HEADS if isinstance(v := value(config, n), int)}
-    dims = {v for n in _HEAD_DIMS if isinstance(v := value(config, n), int)}
-    hidden = value(config, "hidden_size")
-    attention = value(config, "num_attention_heads")
+    widths = {v for n in V.SINGLE_WIDTH_KEYS if isinstance(v := value(config, n), int)}
+    heads = {v for n in V.SINGLE_HEAD_KEYS if isinstance(v := value(config, n), int)}
+    dims = {v for n in V.SINGLE_HEAD_DIM_KEYS if isinstance(v := value(config, n), int)}
+    hidden = value(config, V.HIDDEN_KEYS[0])
+    attention = value(config, V.SINGLE_HEAD_KEYS[0])
     if isinstance(hidden, int) and isinstance(attention, int) and attention:
         dims.add(hidden // attention)
-    mla_q = value(config, "qk_nope_head_dim"), value(config, "qk_rope_head_dim")
+    mla_q = tuple(value(config, k) for k in V.MLA_QK_KEYS)
     if all(isinstance(x, int) for x in mla_q):
         dims.add(sum(mla_q))
     return widths | {h * d for h in heads for d in dims}
@@ -124,9 +122,7 @@ def skipped(resolved, why: str) -> ParityResult:
 
 
 def _run(built, resolved, reason: str, small=None) -> ParityResult:
-    """Run the parity check for this option (`parity.run_parity`, the checkpoint's own layout) and say why it ran."""
-    import dataclasses
-
+    """Run the parity check for this option (`run_parity`, the checkpoint's own layout) and say why it ran."""
     result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
                         checkpoint_keys=_keys(built), small=small)
     return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
@@ -135,34 +131,40 @@ def _run(built, resolved, reason: str, small=None) -> ParityResult:
 def _real_names(built, result: ParityResult) -> ParityResult:
     """The small model of a composite model is its text decoder alone (`layers.*.x`): name modules and rules as the
     real model does (`model.language_model.layers.*.x`), so findings point at what a user edits."""
-    import dataclasses
-
-    from .compat import backend
+    from ..compat import backend
 
     names = backend().model_names(built.model)
     prefix = built.text_prefix
+    rules = None
 
     def real(name: str | None) -> str | None:
+        nonlocal rules
         if not name or name in names or not prefix:
             return name
         prefixed = f"{prefix}.{name}"
-        return prefixed if prefixed in names or prefixed in resolved_rules(built) else name
+        if prefixed in names:
+            return prefixed
+        if rules is None:
+            rules = resolved_rules(built)
+        return prefixed if prefixed in rules else name
 
     split = tuple(dataclasses.replace(s, module=real(s.module), rule=real(s.rule)) for s in result.split)
+    verdicts = tuple(dataclasses.replace(
+        v, rule=real(v.rule), module=real(v.module), observed_at=real(v.observed_at),
+        together_with=tuple(real(t) for t in v.together_with),
+        split=dataclasses.replace(v.split, module=real(v.split.module), rule=real(v.split.rule)) if v.split else None)
+        for v in result.verdicts)
     return dataclasses.replace(result, first_divergent_module=real(result.first_divergent_module),
-                               rule=real(result.rule), observed_at=real(result.observed_at), split=split)
+                               rule=real(result.rule), observed_at=real(result.observed_at), split=split,
+                               verdicts=verdicts)
 
 
 def resolved_rules(built) -> set[str]:
-    from .compat import backend
+    """Every key of the built model's merged TP and EP plans."""
+    from ..compat import backend
 
     tp, ep = backend().merged_plans(built.model)
     return set(tp) | set(ep)
-
-
-def is_layout_divergence(result: ParityResult) -> bool:
-    """Whether a failed parity run diverged at a fused or packed split (TPA501) rather than elsewhere (TPA502)."""
-    return bool(result.fused)
 
 
 def _plan(built) -> dict | None:
