@@ -70,25 +70,42 @@ LLAMA_PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj
 
 
 def assert_cleared(result):
-    """A valid split: every rank ran, every compared output matched, nothing is blamed."""
+    """A valid split: every rank ran, every compared output matched, nothing is blamed; every rule of the plan is
+    cleared or says why the check could not run it."""
     from tpaudit.checks.layout import parity_findings
 
     assert result.ran and result.passed is True, result
     assert result.error is None and result.first_divergent_module is None
     assert result.modules_compared > 0 and result.max_abs_error < TOL_NOISE
     assert parity_findings(result) == []
+    assert result.verdicts and result.reruns == 0
+    assert {v.status for v in result.verdicts} <= {"cleared", "not_exercised"}
+    assert all(v.why for v in result.verdicts)
+
+
+def status(result) -> dict:
+    """rule (or module) -> (status, kind) of every verdict."""
+    return {v.target: (v.status, v.kind) for v in result.verdicts}
+
+
+def assert_errors(result, expected: dict[str, str]):
+    """Exactly the rules `expected` (target -> code) are errors, each with one finding of that code."""
+    from tpaudit.checks.layout import parity_findings
+
+    found = {f.target: f for f in parity_findings(result)}
+    assert {t: f.code for t, f in found.items()} == expected, (found, status(result))
+    for f in found.values():
+        assert f.severity == "error" and f.facts["evidence"] == "parity"
+        assert ("exception" in f.facts) != ("max_abs_error" in f.facts)
+    return found
 
 
 def assert_caught(result, module, rule, style, code):
-    from tpaudit.checks.layout import parity_findings
-
+    """The first run diverged at `module` (split by `rule: style`), and that rule alone is an error, of `code`."""
     assert result.ran and result.passed is False, result
     assert (result.first_divergent_module, result.rule, result.style) == (module, rule, style), result
-    (finding,) = parity_findings(result)
-    assert finding.code == code and finding.severity == "error"
-    assert finding.facts["evidence"] == "parity" and finding.facts["module"] == module
-    assert finding.facts["rule"] == rule and finding.facts["style"] == style
-    assert ("exception" in finding.facts) != ("max_abs_error" in finding.facts)
+    finding = assert_errors(result, {rule or module: code})[rule or module]
+    assert finding.facts["module"] == module and finding.facts["rule"] == rule and finding.facts["style"] == style
     return finding
 
 
@@ -247,7 +264,12 @@ def test_phi3_qkv_gathered_is_valid_with_10_kv_heads_at_tp4_and_plain_colwise_is
     finding = assert_caught(result, "model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.qkv_proj",
                             "colwise", "TPA501")
     assert result.fused and result.observed_at == "model.layers.*.self_attn" and result.error
-    assert "colwise_gather_output" in finding.fix
+    # the re-run that gathers qkv_proj hands o_proj the whole attention output, which `rowwise` would split again:
+    # the fix that ran clean pairs it with `rowwise_split_input`; o_proj itself, the partner of the split, is no error
+    assert finding.fix.startswith("Use `model.layers.*.self_attn.qkv_proj: colwise_gather_output` with "
+                                  "`model.layers.*.self_attn.o_proj: rowwise_split_input`")
+    o_proj = result.verdict("model.layers.*.self_attn.o_proj")
+    assert o_proj.status == "not_exercised" and "partner" in o_proj.why
 
 
 @pytest.mark.slow
@@ -286,6 +308,15 @@ def test_qwen3_5_linear_attention_in_proj_qkv_blocks_and_fused_experts():
     assert_caught(result, "model.layers.*.linear_attn.in_proj_qkv", "model.layers.*.linear_attn.in_proj_qkv",
                   "colwise", "TPA501")
     assert result.observed_layer == 0   # layer 0 is a linear-attention layer
+    # in_proj_a (gathered: each rank gets all 32 per-head decay gates) holds, and so does the gated q_proj of the
+    # full-attention layer: its rows are [query | gate] per head, so a colwise shard of 16 heads on 2 ranks hands
+    # each rank 8 whole heads with their gates
+    verdicts = status(result)
+    assert verdicts["model.layers.*.linear_attn.in_proj_a"] == ("cleared", None)
+    assert verdicts["model.layers.*.self_attn.q_proj"] == ("cleared", None)
+    assert result.verdict("model.layers.*.linear_attn.in_proj_qkv").fix_style == "colwise_gather_output"
+    assert result.reruns == 1 and result.split and any(
+        s.module == "model.layers.*.self_attn.q_proj" and s.cut == "groups" for s in result.split)
     fused = shipped("Qwen3_5MoeTextConfig", **{"layers.*.mlp.experts.gate_up_proj": "colwise"})
     result = run_parity(config, "Qwen3_5MoeForConditionalGeneration", fused, 2, checkpoint_keys=keys)
     assert_caught(result, "model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.gate_up_proj",
@@ -311,6 +342,32 @@ def test_qwen3_next_in_proj_qkvz_interleaved_per_key_head():
 
 
 @pytest.mark.slow
+def test_qwen3_next_in_proj_ba_packed_colwise_is_a_scrambled_packed_output():
+    """Qwen3-Next (real config, tp 2): in_proj_ba rows are [key head][b (2), a (2)] (16 key heads, 32 value heads:
+    `fix_query_key_value_ordering` views it as 16 groups of 4 and splits each into b and a). packed_colwise splits
+    the rows as two contiguous halves, each chunked per rank: rank 0 gets the b/a rows of key heads 0-3 and 8-11,
+    not a rank's share of b and of a, and the module's view with the full 16 key heads fails. That is a packed
+    output the split scrambles: TPA501 (as vLLM found), whether it raises or computes wrong numbers.
+
+    The rest is decided too: in_proj_qkvz, which the shipped plan gathers, holds (every rank computes all heads);
+    the gated q_proj of the full-attention layers holds ([query | gate] rows per head, 16 heads on 2 ranks)."""
+    from tpaudit.evidence import run_parity
+
+    config = snap_config("qwen3-next-80b-a3b-instruct")
+    plan = shipped("Qwen3NextConfig", **{"layers.*.linear_attn.in_proj_ba": "packed_colwise"})
+    result = run_parity(config, "Qwen3NextForCausalLM", plan, 2)
+    finding = assert_caught(result, "model.layers.*.linear_attn.in_proj_ba", "model.layers.*.linear_attn.in_proj_ba",
+                            "packed_colwise", "TPA501")
+    assert finding.kind == "packed_layout" and result.error
+    split = result.verdict("model.layers.*.linear_attn.in_proj_ba").split
+    assert split.cut == "groups" and split.groups == 16 and split.parts == (32, 32)   # 16 groups of [b, a]
+    verdicts = status(result)
+    assert verdicts["model.layers.*.linear_attn.in_proj_qkvz"] == ("cleared", None)
+    assert verdicts["model.layers.*.self_attn.q_proj"] == ("cleared", None)
+    assert "colwise_gather_output" in finding.fix
+
+
+@pytest.mark.slow
 def test_gpt_oss_experts_packed_colwise_splits_the_input_features_ep_is_valid():
     """gpt-oss stores experts.gate_up_proj as [E, hidden, 2 * intermediate] (input first, gate/up interleaved along
     the last dim). packed_colwise shards dim ndim - 2 = hidden, the input features: hidden_states @ W[e] multiplies
@@ -333,19 +390,30 @@ def test_gpt_oss_experts_packed_colwise_splits_the_input_features_ep_is_valid():
 def test_gemma4_global_layers_split_their_kv_head():
     """Gemma-4-26B-A4B: sliding layers have 8 KV heads, global layers 2 (num_global_key_value_heads, through
     per-layer configs). At tp 4 the global layers' k_proj (2 heads) gives each rank half a head and the per-head view
-    fails, first at real layer 5; at tp 2 every layer splits whole heads."""
+    fails, first at real layer 5; at tp 2 every layer splits whole heads.
+
+    No style of q_proj, v_proj or o_proj can make half a KV head whole: the check is told (as the pipeline tells it
+    from the KV heads TPA102 counts, `stage.head_limited`) that this attention block cannot split at tp 4, so it runs
+    the block whole once k_proj failed, and the block's other rules are not exercised, with that reason."""
     from tpaudit.evidence import run_parity
 
     config = snap_config("gemma-4-26b-a4b")
     assert_cleared(run_parity(config, "Gemma4ForConditionalGeneration", None, 2))
-    result = run_parity(config, "Gemma4ForConditionalGeneration", None, 4)
+    why = "its attention cannot split at tp_size 4: layer 5 has 2 KV heads (TPA102)"
+    result = run_parity(config, "Gemma4ForConditionalGeneration", None, 4, head_limited={"self_attn": why})
     assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
-    assert result.observed_layer == 5 and "invalid" in result.error
+    assert result.observed_layer == 5 and "invalid" in result.error and result.reruns == 1
+    verdicts = status(result)
+    for rule in ("q_proj", "v_proj", "o_proj"):
+        v = result.verdict(f"model.layers.*.self_attn.{rule}")
+        assert v.status == "not_exercised" and why in v.why, v
+    assert verdicts["model.layers.*.experts.gate_up_proj"] == ("cleared", None)   # the MoE block ran as planned
     # Gemma-4-31B-it: 16 KV heads on sliding layers, 4 on global ones (per_layer_config), tied embeddings. tp 4
     # splits every layer into whole heads; tp 8 gives each rank half of a global layer's head, first at layer 5.
     config = snap_config("gemma-4-31b-it")
     assert_cleared(run_parity(config, "Gemma4ForConditionalGeneration", None, 4))
-    result = run_parity(config, "Gemma4ForConditionalGeneration", None, 8)
+    result = run_parity(config, "Gemma4ForConditionalGeneration", None, 8,
+                        head_limited={"self_attn": "layer 5 has 4 KV heads"})
     assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
     assert result.observed_layer == 5
 
@@ -382,7 +450,44 @@ def test_fused_qkv_blocks_colwise_wrong_gathered_valid(case):
         breaking_tp = 8
     result = run_parity(config, cls, {qkv: "colwise", out: "rowwise"}, breaking_tp)
     assert_caught(result, prefix + qkv, prefix + qkv, "colwise", "TPA501")
+    # out_proj is the partner of the split, not a second error; the fix that ran clean names both
+    assert result.verdict(prefix + out).status == "not_exercised"
+    assert result.verdict(prefix + qkv).fix_partners == ((prefix + out, "rowwise_split_input"),)
     assert_cleared(run_parity(config, cls, {qkv: "colwise_gather_output", out: "rowwise_split_input"}, 2))
+
+
+def codegen_350m():
+    from transformers import AutoConfig
+
+    d = json.loads((FIXTURES / "parity" / "codegen-350m-mono.config.json").read_text())
+    d.pop("model_type")
+    return AutoConfig.for_model("codegen", **d)
+
+
+@pytest.mark.slow
+def test_codegen_advice_names_its_four_groups_not_its_heads():
+    """CodeGen-350M-mono (real config): 16 heads of 64, and `qkv_proj` laid out as mp_num = 4 groups of [q | v | k]
+    (a constant of the modeling code). At tp 8 the 16 heads divide, but a colwise shard of 3 * 1024 rows is half a
+    group (384 of 768 rows), and the forward's view into groups fails: the advice names the 4 groups and the tp sizes
+    dividing them (2 and 4), never "a tp_size that divides its heads". transformers 5.24 views a shard as `-1`
+    groups, so tp 4 (one whole group per rank) re-runs clean; 5.23 always views 4 groups, so no tp size does."""
+    from tpaudit.evidence import run_parity
+
+    qkv, out = "transformer.h.*.attn.qkv_proj", "transformer.h.*.attn.out_proj"
+    result = run_parity(codegen_350m(), "CodeGenForCausalLM", {"h.*.attn.qkv_proj": "colwise",
+                                                               "h.*.attn.out_proj": "rowwise"}, 8)
+    finding = assert_caught(result, qkv, qkv, "colwise", "TPA501")
+    split = result.verdict(qkv).split
+    assert (split.cut, split.groups, len(split.parts)) == ("groups", 4, 3)
+    assert "cut in 4 groups of 3 parts each, and tp_size 8 does not divide 4" in finding.fix
+    assert "heads" not in finding.fix
+    if transformers_release() >= (5, 24):
+        assert result.verdict(qkv).tp_sizes_ok == (4,)
+        assert "a tp_size dividing 4 so that every rank holds whole groups (2, 4; tp_size 4 re-run clean)" in \
+            finding.fix
+    else:
+        assert result.verdict(qkv).tp_sizes_ok == ()
+
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -390,28 +495,41 @@ def test_fused_qkv_blocks_colwise_wrong_gathered_valid(case):
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_colwise_colwise_chain_and_rowwise_qkv_are_style_mismatches():
-    """o_proj colwise after colwise q/k/v: o_proj gets each rank's 16 of 32 heads (16 * 8 features) but keeps a
-    [128, 256] weight slice that expects all 256: `mat1 and mat2 shapes cannot be multiplied (16x128 and 256x128)`.
-    q/k/v rowwise: q_proj gets the whole hidden state (256) but holds a [256, 128] input slice. o_proj with no rule
-    after colwise q/k/v: a [256, 256] weight fed 128 features."""
+    """Two wrong rules in one plan (Llama-3.1-8B, small: hidden 256, 32 heads of 8, intermediate 8 at tp 2), two
+    errors. o_proj colwise after colwise q/k/v: o_proj gets each rank's 16 of 32 heads (16 * 8 features) but keeps a
+    [128, 256] weight slice that expects all 256: `mat1 and mat2 shapes cannot be multiplied (16x128 and 256x128)`;
+    down_proj colwise after colwise gate/up: the same in the MLP block, which the first run never reached intact.
+    Each is fixed by `rowwise` (it reduces the split input), and with both fixed the forward matches: the other
+    rules are cleared.
+
+    q/k/v rowwise: each gets the whole hidden state (256) but holds a [256, 128] input slice, so each fails alone;
+    o_proj colwise then splits an output the residual needs whole: four errors. o_proj with no rule after colwise
+    q/k/v: a [256, 256] weight fed 128 features, fixed by adding `o_proj: rowwise`."""
     from tpaudit.evidence import run_parity
 
     config = snap_config("llama-3.1-8b-instruct")
     chain = dict(LLAMA_PLAN, **{"layers.*.self_attn.o_proj": "colwise", "layers.*.mlp.down_proj": "colwise"})
     result = run_parity(config, "LlamaForCausalLM", chain, 2)
-    finding = assert_caught(result, "model.layers.*.self_attn.o_proj", "model.layers.*.self_attn.o_proj", "colwise",
-                            "TPA502")
-    assert "(16x128 and 256x128)" in result.error and result.input_split is True
-    assert finding.kind == "style_mismatch" and "rowwise" in finding.fix
+    assert result.first_divergent_module == "model.layers.*.self_attn.o_proj" and result.input_split is True
+    assert "(16x128 and 256x128)" in result.error
+    found = assert_errors(result, {"model.layers.*.self_attn.o_proj": "TPA502",
+                                   "model.layers.*.mlp.down_proj": "TPA502"})
+    for rule in ("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"):
+        assert found[rule].kind == "style_mismatch" and result.verdict(rule).fix_style == "rowwise"
+        assert found[rule].fix.startswith(f"Use `{rule}: rowwise`")
+    for rule in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+        assert status(result)[f"model.layers.*.{rule}"] == ("cleared", None), rule
     rows = dict(LLAMA_PLAN, **{f"layers.*.self_attn.{p}_proj": "rowwise" for p in "qkv"},
                 **{"layers.*.self_attn.o_proj": "colwise"})
     result = run_parity(config, "LlamaForCausalLM", rows, 2)
-    assert_caught(result, "model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.q_proj", "rowwise", "TPA502")
-    assert "(16x256 and 128x256)" in result.error and result.input_split is False
+    assert (result.first_divergent_module, result.input_split) == ("model.layers.*.self_attn.q_proj", False)
+    assert "(16x256 and 128x256)" in result.error
+    assert_errors(result, {f"model.layers.*.self_attn.{p}_proj": "TPA502" for p in "qkvo"})
     missing = {k: v for k, v in LLAMA_PLAN.items() if "o_proj" not in k}
     result = run_parity(config, "LlamaForCausalLM", missing, 2)
     finding = assert_caught(result, "model.layers.*.self_attn.o_proj", None, None, "TPA502")
-    assert "(16x128 and 256x256)" in result.error and "rowwise" in finding.fix
+    assert "(16x128 and 256x256)" in result.error and finding.fix == "Add `model.layers.*.self_attn.o_proj: " \
+        "rowwise` so that it reduces the split input"
     assert_cleared(run_parity(config, "LlamaForCausalLM", None, 2))
 
 
@@ -503,27 +621,117 @@ def test_tpa502_catalogue_entry_has_the_sections():
 
 
 @pytest.mark.slow
-def test_a_failed_run_keeps_the_suspicions_it_could_not_decide(tmp_path):
-    """Phi-3-medium with both fused projections under plain colwise at tp 2: the run fails at qkv_proj (an error);
-    gate_up_proj, which the forward never reached whole, stays a warning in the same report, so one run names both
-    rules. Fixing the attention as transformers' own phi3 plan does (qkv_proj colwise_gather_output, o_proj
-    rowwise_split_input) lets the next run decide gate_up_proj: an error. Fixing qkv_proj alone leaves o_proj rowwise
-    on a whole input: the run fails there (TPA502) and gate_up_proj is still only a suspicion."""
+def test_two_wrong_fused_projections_in_one_plan_give_two_errors(tmp_path):
+    """Phi-3-medium with both fused projections under plain colwise at tp 2: qkv_proj = [Q | K | V] blocks and
+    gate_up_proj = [gate | up] halves, each cut by a contiguous shard. The first run fails at qkv_proj, before the
+    MLP sees a whole input; isolation re-runs with qkv_proj gathered and finds gate_up_proj scrambled too (chunk(2)
+    pairs gate with gate): two TPA501 errors in one report, each with its own fix (gate_up_proj: two equal halves,
+    `packed_colwise`). Fixing the attention as transformers' phi3 plan does leaves gate_up_proj alone; fixing
+    qkv_proj alone leaves o_proj rowwise on a whole input (TPA502) with gate_up_proj."""
     model = tmp_path / "phi3"
     model.mkdir()
     (model / "config.json").write_text((FIXTURES / "parity" / "phi-3-medium-4k-instruct.config.json").read_text())
     both = {"layers.*.self_attn.qkv_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
             "layers.*.mlp.gate_up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}
-    found = {(f.code, f.severity, f.target) for f in audit(str(model), tp=2, plan=both, parity="auto").findings
-             if f.code == "TPA501"}
-    assert found == {("TPA501", "error", "model.layers.*.self_attn.qkv_proj"),
-                     ("TPA501", "warning", "model.layers.*.mlp.gate_up_proj")}
+    report = audit(str(model), tp=2, plan=both, parity="auto")
+    found = {(f.code, f.severity, f.target): f for f in report.findings if f.code in ("TPA501", "TPA502")}
+    assert set(found) == {("TPA501", "error", "model.layers.*.self_attn.qkv_proj"),
+                          ("TPA501", "error", "model.layers.*.mlp.gate_up_proj")}
+    assert found[("TPA501", "error", "model.layers.*.mlp.gate_up_proj")].fix.startswith(
+        "Use `layers.*.mlp.gate_up_proj: packed_colwise`")
+    assert report.parity.verdict("model.layers.*.mlp.down_proj").status != "error"
     half = {**both, "layers.*.self_attn.qkv_proj": "colwise_gather_output"}
     found = {(f.code, f.severity, f.target) for f in audit(str(model), tp=2, plan=half, parity="auto").findings
              if f.code in ("TPA501", "TPA502")}
     assert found == {("TPA502", "error", "model.layers.*.self_attn.o_proj"),
-                     ("TPA501", "warning", "model.layers.*.mlp.gate_up_proj")}
+                     ("TPA501", "error", "model.layers.*.mlp.gate_up_proj")}
     fixed = {**half, "layers.*.self_attn.o_proj": "rowwise_split_input"}
     found = {(f.code, f.severity, f.target) for f in audit(str(model), tp=2, plan=fixed, parity="auto").findings
              if f.code in ("TPA501", "TPA502")}
     assert found == {("TPA501", "error", "model.layers.*.mlp.gate_up_proj")}
+
+
+@pytest.mark.slow
+def test_two_wrong_rules_in_a_moe_plan_give_two_errors():
+    """Qwen3-30B-A3B (fused experts stored under their runtime names) at tp 2 with two wrong rules: the experts'
+    gate_up_proj ([gate | up] per expert) under plain colwise, which hands rank 0 all of gate and chunk(2) then pairs
+    gate with gate (TPA501, fixed by packed_colwise); and o_proj colwise after colwise q/k/v, which feeds it split
+    heads without reducing them (TPA502, fixed by rowwise). The attention fails first; the experts' wrong numbers
+    show only in a re-run: both are reported, and the rules that held (q/k/v, the experts' down_proj) are cleared."""
+    from tpaudit.evidence import run_parity
+
+    plan = shipped("Qwen3MoeConfig", **{"layers.*.mlp.experts.gate_up_proj": "colwise",
+                                        "layers.*.self_attn.o_proj": "colwise"})
+    result = run_parity(snap_config("qwen3-30b-a3b"), "Qwen3MoeForCausalLM", plan, 2)
+    assert result.first_divergent_module == "model.layers.*.self_attn.o_proj"
+    found = assert_errors(result, {"model.layers.*.mlp.experts.gate_up_proj": "TPA501",
+                                   "model.layers.*.self_attn.o_proj": "TPA502"})
+    assert "max_abs_error" in found["model.layers.*.mlp.experts.gate_up_proj"].facts   # wrong numbers, no crash
+    assert result.verdict("model.layers.*.mlp.experts.gate_up_proj").fix_style == "packed_colwise"
+    assert result.verdict("model.layers.*.self_attn.o_proj").fix_style == "rowwise"
+    for rule in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.experts.down_proj", "mlp.experts"):
+        assert status(result)[f"model.layers.*.{rule}"] == ("cleared", None), rule
+
+
+@pytest.mark.slow
+def test_a_plan_that_cannot_load_is_bisected_to_its_rule():
+    """`input_layernorm: colwise` on Llama: transformers' ColwiseParallel refuses a module without `out_features`
+    (an RMSNorm) while loading, before any forward. Bisecting the rules (half replicated at a time) finds the one
+    whose replication lets the model load; with it replicated the forward matches, so every other rule is cleared."""
+    from tpaudit.evidence import run_parity
+
+    plan = dict(LLAMA_PLAN, **{"layers.*.input_layernorm": "colwise"})
+    result = run_parity(snap_config("llama-3.1-8b-instruct"), "LlamaForCausalLM", plan, 2)
+    assert result.observed_at == "from_pretrained" and "out_features" in result.error
+    assert_errors(result, {"model.layers.*.input_layernorm": "TPA502"})
+    assert all(v.status == "cleared" for v in result.verdicts if v.status != "error")
+
+
+@pytest.mark.slow
+def test_the_parts_of_a_gated_query_decide_it_when_its_attention_cannot_run():
+    """Qwen3.5-35B-A3B at tp 8 (case 14's model): 2 KV heads cannot split across 8 ranks, so the attention block
+    cannot run sharded at all (TPA102), and the first run fails at k_proj. q_proj's output is still cut before that:
+    [query | gate] per head, 16 heads on 8 ranks, so each rank's query and gate must be its 2 heads' share of the
+    unsharded ones. They are (compared at the cut, on every rank): its layout is cleared, although its block ran
+    whole afterwards; v_proj and o_proj, which the block never ran sharded, are not exercised, and say why."""
+    from tpaudit.evidence import run_parity
+
+    why = "its attention cannot split at tp_size 8: layer 3 has 2 KV heads (TPA102)"
+    result = run_parity(snap_config("qwen3.5-35b-a3b"), "Qwen3_5MoeForConditionalGeneration", None, 8,
+                        head_limited={"self_attn": why})
+    assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
+    q_proj = result.verdict("model.layers.*.self_attn.q_proj")
+    assert q_proj.status == "cleared" and "share of the unsharded parts" in q_proj.why
+    for rule in ("v_proj", "o_proj"):
+        v = result.verdict(f"model.layers.*.self_attn.{rule}")
+        assert v.status == "not_exercised" and why in v.why
+    assert status(result)["model.layers.*.mlp.experts.gate_up_proj"] == ("cleared", None)
+
+
+@pytest.mark.slow
+def test_a_run_that_compares_nothing_clears_nothing(monkeypatch):
+    """A run whose ranks all finish but whose outputs can never be paired with the unsharded ones (here: every
+    comparison made impossible) is no evidence: `passed` is None, no rule is cleared, and a fused-projection
+    suspicion stays a warning."""
+    import tpaudit.evidence.blame as blame
+    import tpaudit.evidence.ranks as ranks
+
+    monkeypatch.setattr(blame, "compare", lambda *a, **k: (False, None, 0.0))
+    monkeypatch.setattr(ranks, "compare", lambda *a, **k: (False, None, 0.0))
+    from tpaudit.checks.layout import parity_findings
+    from tpaudit.evidence import run_parity
+
+    config = snap_config("llama-3.1-8b-instruct")
+    result = run_parity(config, "LlamaForCausalLM", None, 2)
+    assert result.ran and result.passed is None and result.modules_compared == 0
+    assert {v.status for v in result.verdicts} == {"not_exercised"}
+    assert all("compared no module output" in v.why for v in result.verdicts)
+    assert parity_findings(result) == []
+    # through the pipeline: Qwen3-30B-A3B's experts gate_up_proj ([gate | up] per expert) under plain colwise
+    # computes wrong numbers without raising; compared nowhere, the fused-name suspicion stays a warning
+    plan = shipped("Qwen3MoeConfig", **{"layers.*.mlp.experts.gate_up_proj": "colwise"})
+    report = audit(str(FIXTURES / "qwen3-30b-a3b.snapshot.json.gz"), tp=2, plan=plan, parity="on")
+    assert report.parity.ran and report.parity.passed is None and report.parity.reruns == 0
+    layout = [(f.code, f.severity, f.target) for f in report.findings if f.code in ("TPA501", "TPA502")]
+    assert layout == [("TPA501", "warning", "model.layers.*.mlp.experts.gate_up_proj")]
+    assert "compared no module output" in report.findings[[f.code for f in report.findings].index("TPA501")].message

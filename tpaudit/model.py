@@ -791,6 +791,12 @@ def _opt(value, types, what: str):
     return None if value is None else _check(value, types, what)
 
 
+def _pair(value) -> tuple[str, str]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, str) for x in value)):
+        raise ValueError("verdict.fix_partners[]: expected [rule, style]")
+    return value[0], value[1]
+
+
 @dataclass(frozen=True)
 class SplitOutput:
     """A module (or parameter) the plan splits on its output, whose output the forward then cuts into parts.
@@ -830,7 +836,11 @@ class SplitOutput:
         return self.total // self.period if self.period else 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"module": self.module, "rule": self.rule, "style": self.style, "action": self.action}
+        out = {"module": self.module, "rule": self.rule, "style": self.style, "action": self.action}
+        if self.total:
+            out.update(cut=self.cut, op=self.op, parts=list(self.parts), total=self.total, period=self.period,
+                       groups=self.groups)
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "SplitOutput":
@@ -884,6 +894,10 @@ class RuleVerdict:
             model (re-run with it; `None` when none was found).
         together_with (`tuple[str, ...]`): other rules of the same block that fail with this one.
         split (`SplitOutput`, *optional*): for a `packed_layout` error, the cut of its output.
+        fix_partners (`tuple[tuple[str, str], ...]`): `(rule, style)` of the partners `fix_style` needs (the
+            rowwise projection that reduced this rule's split output takes the whole one), re-run with it.
+        tp_sizes_ok (`tuple[int, ...]`): smaller tp sizes at which the rule, as the plan has it, ran clean (re-run on
+            the same small model): for an output cut in groups, a size that divides the number of groups.
     """
 
     rule: str | None
@@ -901,6 +915,8 @@ class RuleVerdict:
     fix_style: str | None = None
     together_with: tuple[str, ...] = ()
     split: SplitOutput | None = None
+    fix_partners: tuple[tuple[str, str], ...] = ()
+    tp_sizes_ok: tuple[int, ...] = ()
 
     @property
     def target(self) -> str:
@@ -911,6 +927,8 @@ class RuleVerdict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["together_with"] = list(self.together_with)
         out["split"] = self.split.to_json() if self.split is not None else None
+        out["fix_partners"] = [list(p) for p in self.fix_partners]
+        out["tp_sizes_ok"] = list(self.tp_sizes_ok)
         return out
 
     @classmethod
@@ -939,7 +957,11 @@ class RuleVerdict:
                    fix_style=_opt(d.get("fix_style"), str, "verdict.fix_style"),
                    together_with=tuple(_check(x, str, "verdict.together_with[]")
                                        for x in _check(d.get("together_with", []), list, "verdict.together_with")),
-                   split=None if split is None else SplitOutput.from_json(split))
+                   split=None if split is None else SplitOutput.from_json(split),
+                   fix_partners=tuple(_pair(p) for p in _check(d.get("fix_partners", []), list,
+                                                                "verdict.fix_partners")),
+                   tp_sizes_ok=tuple(_check(x, int, "verdict.tp_sizes_ok[]")
+                                     for x in _check(d.get("tp_sizes_ok", []), list, "verdict.tp_sizes_ok")))
 
 
 @dataclass(frozen=True)

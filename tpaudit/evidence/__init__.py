@@ -29,8 +29,8 @@ from tpaudit.evidence import run_parity, split_outputs
 from tpaudit.checks.layout import parity_findings
 
 split_outputs(config, "Phi3ForCausalLM", {"layers.*.self_attn.qkv_proj": "colwise"}, tp_size=4)  # suspects
-result = run_parity(config, "Phi3ForCausalLM", plan, tp_size=2, checkpoint_keys=names)           # never raises
-parity_findings(result)                                                                           # [Finding(TPA501, ...)]
+result = run_parity(config, "Phi3ForCausalLM", plan, tp_size=2, checkpoint_keys=names)  # never raises
+parity_findings(result)                                                                  # [Finding(TPA501, ...)]
 ```
 """
 

@@ -51,12 +51,15 @@ def analyse(small: SmallModel, ref: Recorder, runs: list[RankRun], world: int, f
     compared: set[tuple[str, int]] = set()
     max_err: float | None = None
     observations = []
+    reached: set[str] = set()
+    matched: dict[str, bool] = {}   # generic module -> every call compared before the rank's failure matched
     ep_scopes = [name for name, _ in small.reference.named_modules()
                  if ep_size > 1 and name and rule_for(small.ep_plan, name, is_param=False)[0] is not None]
     for run in runs:
         rec = run.recorder
         if rec is None:
             continue
+        reached.update(generic_name(n) for n in rec.counts)
         first = None
         for seq, key in rec.exits:
             if run.done and rec.counts.get(key[0]) != ref.counts.get(key[0]):
@@ -69,6 +72,9 @@ def analyse(small: SmallModel, ref: Recorder, runs: list[RankRun], world: int, f
             compared.add(key)
             max_err = err if max_err is None else max(max_err, err)
             diverged = err > tol
+            if first is None:
+                g = generic_name(key[0])
+                matched[g] = matched.get(g, True) and not diverged
             if diverged and first is None:
                 first = (seq, key, err)
         if first is not None:
@@ -76,14 +82,17 @@ def analyse(small: SmallModel, ref: Recorder, runs: list[RankRun], world: int, f
         elif run.error and run.phase == "forward":
             observations.append((rec.seq, run.rank, run.crash_site, None, run.error))
     load_errors = [run for run in runs if run.error and run.phase == "load"]
-    out: dict[str, Any] = {"modules_compared": len(compared), "max_abs_error": max_err}
+    out: dict[str, Any] = {"modules_compared": len(compared), "max_abs_error": max_err, "reached": reached,
+                           "matched": {g for g, ok in matched.items() if ok}}
     if not observations:
         if load_errors:
             run = load_errors[0]
             out.update(error=f"rank {run.rank}: {run.error}", rank=run.rank, observed_at="from_pretrained",
                        passed=False)
         else:
-            out["passed"] = all(run.done for run in runs)
+            # passed means compared: a run whose ranks all finished but compared no output is no evidence
+            out["passed"] = True if all(run.done for run in runs) and compared else \
+                None if all(run.done for run in runs) else False
         return out
     seq, rank, site, err, error = min(observations, key=lambda o: (o[0], o[1]))
     run = runs[rank]

@@ -59,6 +59,8 @@ class Recorder:
         self.param_uses: list[tuple[int, str]] = []
         self.stack: list[tuple[str, int]] = []
         self.counts: dict[str, int] = {}
+        self.op_counts: dict[tuple, int] = {}
+        self.cuts: dict[str, tuple] = {}   # source -> the pieces this rank's forward cut its output into
         self.seq = 0
         self.handles = []
         for name, mod in model.named_modules():
@@ -103,13 +105,22 @@ def _param_ranges(model) -> list[tuple[int, int, str]]:
     return sorted(out)
 
 
-def _use_tracker(recorder: Recorder, ranges):
-    """A `TorchFunctionMode` that logs, in the recorder's sequence, the sharded parameters each op reads."""
+def _use_tracker(recorder: Recorder, ranges, sites: dict | None = None):
+    """A `TorchFunctionMode` that logs, in the recorder's sequence, the sharded parameters each op reads, and keeps
+    the pieces of the ops at `sites` (`trace.CutSite` by source: the same op of the same module call as in the
+    unsharded trace) in `recorder.cuts`."""
     starts = [r[0] for r in ranges]
+    wanted = {(site.call, site.op, site.occurrence): source for source, site in (sites or {}).items()}
 
     class Tracker(seam.function_mode()):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            source = None
+            if wanted:
+                name = getattr(func, "__name__", "")
+                key = (recorder.stack[-1] if recorder.stack else None, name)
+                recorder.op_counts[key] = recorder.op_counts.get(key, 0) + 1
+                source = wanted.get((key[0], name, recorder.op_counts[key]))
             for t in tensors(list(args) + list(kwargs.values())):
                 try:
                     ptr = seam.local_tensor(t).data_ptr()
@@ -121,7 +132,10 @@ def _use_tracker(recorder: Recorder, ranges):
                     if not recorder.param_uses or recorder.param_uses[-1][1] != name:
                         recorder.param_uses.append((recorder.seq, name))
             recorder.seq += 1
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if source is not None:
+                recorder.cuts[source] = tuple(seam.local_tensor(t).detach().clone() for t in tensors(out))
+            return out
 
     return Tracker()
 
@@ -175,7 +189,7 @@ def run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float,
                 lock.release()
             run.phase = "forward"
             run.recorder = Recorder(model)
-            tracker = _use_tracker(run.recorder, _param_ranges(model))
+            tracker = _use_tracker(run.recorder, _param_ranges(model), small.cut_sites)
             with torch.no_grad(), tracker:
                 model(input_ids=small.input_ids)
             run.recorder.remove()
@@ -267,3 +281,38 @@ def _err(a, b) -> float:
         return 0.0
     value = float(diff.max())
     return math.inf if math.isnan(value) else value
+
+
+def cut_evidence(small: SmallModel, runs: list[RankRun], world: int,
+                 ep_scopes: tuple[str, ...] = ()) -> dict[str, tuple[bool, float | None]]:
+    """For every split output the trace saw cut into parts: whether the parts each rank's forward cut it into are the
+    rank's share of the unsharded parts (`torch.chunk` order along the one dimension the split shortened, as
+    `compare` pairs them), with the largest error; only for sources some rank's forward reached the cut of.
+
+    Returns:
+        `{source: (held, max_abs_error)}`: `held` False when a piece differs beyond the tolerance or is not the
+        rank's share of its unsharded piece (another width: the split scrambled the parts).
+    """
+    out: dict[str, tuple[bool, float | None]] = {}
+    for source, site in small.cut_sites.items():
+        if any(site.call[0] == scope or site.call[0].startswith(scope + ".") for scope in ep_scopes):
+            continue
+        held, worst, seen = True, None, False
+        for run in runs:
+            pieces = run.recorder.cuts.get(source) if run.recorder is not None else None
+            if pieces is None:
+                continue
+            seen = True
+            if len(pieces) != len(site.pieces):
+                held = False
+                continue
+            for ref, loc in zip(site.pieces, pieces):
+                ok, err, tol = compare(ref, loc, run.rank, world)
+                if not ok or err is None:
+                    held = False
+                    continue
+                worst = err if worst is None else max(worst, err)
+                held = held and err <= tol
+        if seen:
+            out[source] = (held, worst)
+    return out

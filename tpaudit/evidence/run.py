@@ -9,15 +9,21 @@ from ..compat import PlanRejectedError, backend
 from ..compat import parity as seam
 from ..errors import UsageError
 from ..model import ParityResult
-from .blame import analyse
+from .isolate import first_verdicts
 from .ranks import record_reference, run_ranks
 from .small_model import EP_KERNELS, KERNELS, SmallModel, build_small_model, one_thread, resolve_class, short
 from .trace import trace
 
+ISOLATION_BUDGET = 3.0
+"""The isolation re-runs may take at most this many times the first run (the build, trace, reference and sharded
+run of the plan as given)..."""
+ISOLATION_FLOOR_SECONDS = 20.0
+"""... or this many seconds, whichever is more (a first run of under a second leaves room for a few re-runs)."""
+
 
 def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size: int = 1, *, seed: int = 0,
                timeout: float = 120, checkpoint_keys=None, isolate: bool | None = None,
-               small: SmallModel | None = None) -> ParityResult:
+               small: SmallModel | None = None, head_limited: dict[str, str] | None = None) -> ParityResult:
     """Load a small model of `config`'s architecture on `tp_size` real ranks with the plan under review, run the same
     tokens through it and through the unsharded model, and compare (see `tpaudit.evidence`).
 
@@ -44,6 +50,9 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
         small (`SmallModel`, *optional*): the `small_model` that `split_outputs` traced for the same arguments, used
             instead of a second build when the run loads with its kernels (`ep_size` 1) in this process; the caller
             cleans it up.
+        head_limited (`dict[str, str]`, *optional*): generic prefixed rule keys the static checks already know
+            cannot split at this `tp_size` (heads or KV heads it does not divide: TPA101 / TPA102) -> why; their
+            blocks are run whole at once when they fail (see `isolate`).
 
     Returns:
         `ParityResult`. A plan that crashes or diverges is a result (`passed=False`), never an exception.
@@ -70,17 +79,18 @@ def run_parity(config, model_class, tp_plan: dict | None, tp_size: int, ep_size:
         from .worker import run_in_subprocess
 
         result = run_in_subprocess(config, model_class, tp_plan, tp_size, ep_size, seed=seed, timeout=timeout,
-                                   checkpoint_keys=checkpoint_keys)
+                                   checkpoint_keys=checkpoint_keys, head_limited=head_limited)
         return dataclasses.replace(result, reason=f"{result.reason} (ran in a subprocess: {why})",
                                    seconds=time.perf_counter() - start)
     kernels = EP_KERNELS if ep_size > 1 else KERNELS
     with one_thread():
         return _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, start,
-                         checkpoint_keys, small if small is not None and small.kernels == kernels else None)
+                         checkpoint_keys, small if small is not None and small.kernels == kernels else None,
+                         head_limited)
 
 
 def _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, start,
-              checkpoint_keys=None, given: SmallModel | None = None) -> ParityResult:
+              checkpoint_keys=None, given: SmallModel | None = None, head_limited=None) -> ParityResult:
     base = {"tp_size": tp_size, "ep_size": ep_size}
     small = given
     if small is None:
@@ -111,11 +121,10 @@ def _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, sta
                                 scope=small.scope, **base)
         runs, finished = run_ranks(small, tp_size, ep_size, timeout)
         world = max(tp_size, ep_size)
-        facts = analyse(small, ref, runs, world, found, ep_size)
-        if not finished:
-            hung = [run.rank for run in runs if not (run.done or run.error or run.woken)]
-            facts.setdefault("error", f"rank {hung[0] if hung else 0}: did not finish within {timeout:g} s (hung)")
-            facts["passed"] = False
+        first_seconds = time.perf_counter() - start
+        facts, verdicts, reruns, iso_seconds = first_verdicts(
+            small, ref, found, tp_size, ep_size, timeout, runs, finished, head_limited,
+            budget=max(ISOLATION_FLOOR_SECONDS, ISOLATION_BUDGET * first_seconds))
         reasons = [f"ran the plan on {world} threaded ranks (tp_size {tp_size}, ep_size {ep_size}) with a small "
                    f"{small.model_class.__name__} (layers {list(small.layers)} of the real model, one per kind)"]
         reasons += small.notes
@@ -129,7 +138,8 @@ def _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, sta
             passed=facts.get("passed"), fused=facts.get("fused", False),
             split=tuple(found[k] for k in sorted(found)), shrunk=small.shrunk, layers=small.layers,
             model_class=small.model_class.__name__, scope=small.scope, rank=facts.get("rank"),
-            input_split=facts.get("input_split"), observed_layer=facts.get("observed_layer"), **base)
+            input_split=facts.get("input_split"), observed_layer=facts.get("observed_layer"), verdicts=verdicts,
+            reruns=reruns, isolation_seconds=iso_seconds, **base)
     finally:
         if own:
             small.cleanup()

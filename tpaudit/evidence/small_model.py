@@ -56,6 +56,7 @@ class SmallModel:
             linear-attention and MLA head dims).
         found (`dict[str, SplitOutput]`): the split outputs the traced forward cuts into parts (set by the trace).
         traced (`bool`): whether the trace ran (`found` is its answer).
+        cut_sites (`dict[str, CutSite]`): where the trace saw each of them cut, and the unsharded parts.
     """
 
     path: str
@@ -74,6 +75,7 @@ class SmallModel:
     ep_plan: dict[str, str] = field(default_factory=dict)
     kernels: dict[str, str] = field(default_factory=lambda: dict(KERNELS))
     traced: bool = False
+    cut_sites: dict = field(default_factory=dict)
 
     def cleanup(self) -> None:
         """Remove the temporary directory."""
@@ -453,9 +455,10 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-def _tail(generic: str) -> str:
+def layer_tail(generic: str) -> str:
     """The part of a generic name after its first layer index (`model.language_model.layers.*.mlp.x` -> `mlp.x`), so
-    that checkpoint and runtime names compare across composite prefixes."""
+    that checkpoint and runtime names, and the real model's and the small model's names, compare across composite
+    prefixes."""
     return generic.split(".*.", 1)[1] if ".*." in generic else generic
 
 
@@ -466,8 +469,8 @@ def _checkpoint_layout(model, checkpoint_keys) -> str:
     the way the real one does. Unknown keys: `"runtime"`."""
     if checkpoint_keys is None:
         return "runtime"
-    have = {_tail(generic_name(k)) for k in checkpoint_keys}
-    need = {_tail(generic_name(k)) for k in model.state_dict() if ".*." in generic_name(k)}
+    have = {layer_tail(generic_name(k)) for k in checkpoint_keys}
+    need = {layer_tail(generic_name(k)) for k in model.state_dict() if ".*." in generic_name(k)}
     return "runtime" if need <= have else "original"
 
 

@@ -93,10 +93,10 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
         return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
                                  "architecture")
     if mode == "on":
-        return _run(built, resolved, "asked for (--parity)")
+        return _run(built, resolved, "asked for (--parity)", shard_map=shard_map)
     if proposed:
         return _run(built, resolved, "the plan is a proposed one (--plan): a plan under review is checked against "
-                                     "the sharded forward")
+                                     "the sharded forward", shard_map=shard_map)
     if not candidates(built, shard_map):
         return _not_needed(resolved)
     small = small_model(built.config, built.architecture, _plan(built), resolved.tp_size,
@@ -107,7 +107,7 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
             return _not_needed(resolved)
         names = ", ".join(f"`{s.module}` ({s.style})" for s in found[:3])
         why = f"the plan splits {names}{' and more' if len(found) > 3 else ''}, whose output the forward cuts into parts"
-        return _run(built, resolved, why, small)
+        return _run(built, resolved, why, small, shard_map)
     finally:
         small.cleanup()
 
@@ -121,10 +121,43 @@ def skipped(resolved, why: str) -> ParityResult:
     return ParityResult(ran=False, reason=why, tp_size=resolved.tp_size, ep_size=resolved.ep_size)
 
 
-def _run(built, resolved, reason: str, small=None) -> ParityResult:
+def head_limited(built, shard_map, tp_size: int) -> dict[str, str]:
+    """Attention blocks the static facts already say cannot split at `tp_size`: the block (the parent module, as a
+    name relative to the decoder layer, `self_attn`) of a key projection the plan splits in a layer whose KV heads
+    (TPA102) or attention heads (TPA101) `tp_size` does not divide -> why, in words. The isolation runs such a block
+    whole at once instead of trying styles on its partners (no partner can make half a head whole).
+
+    Source: the KV-cache section's key projections and per-layer KV heads (`kvcache.key_projections`, `kv_layers`,
+    from transformers' `get_head_shapes`), the config's `num_attention_heads`."""
+    from ..configs import values
+    from ..kvcache import key_projections, kv_layers
+    from .small_model import layer_tail
+
+    if tp_size <= 1:
+        return {}
+    kv = {layer.index: layer.kv_heads for layer in kv_layers(built.owner_config)}
+    heads = [h for h in values(built.owner_config, "num_attention_heads") if isinstance(h, int)]
+    out: dict[str, str] = {}
+    for index, key in sorted(key_projections(shard_map, built.text_prefix).items()):
+        if key.gathered or not key.style:
+            continue
+        module = key.name.rsplit(".", 1)[0]
+        block = layer_tail(module.rsplit(".", 1)[0])
+        if block in out:
+            continue
+        if kv.get(index, 0) % tp_size:
+            out[block] = (f"its attention cannot split at tp_size {tp_size}: layer {index} has {kv[index]} KV heads "
+                          "(TPA102)")
+        elif any(h % tp_size for h in heads):
+            out[block] = f"its attention cannot split at tp_size {tp_size}: {heads[0]} attention heads (TPA101)"
+    return out
+
+
+def _run(built, resolved, reason: str, small=None, shard_map=None) -> ParityResult:
     """Run the parity check for this option (`run_parity`, the checkpoint's own layout) and say why it ran."""
+    limited = head_limited(built, shard_map, resolved.tp_size) if shard_map is not None else None
     result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
-                        checkpoint_keys=_keys(built), small=small)
+                        checkpoint_keys=_keys(built), small=small, head_limited=limited)
     return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
 
 
@@ -152,6 +185,7 @@ def _real_names(built, result: ParityResult) -> ParityResult:
     verdicts = tuple(dataclasses.replace(
         v, rule=real(v.rule), module=real(v.module), observed_at=real(v.observed_at),
         together_with=tuple(real(t) for t in v.together_with),
+        fix_partners=tuple((real(k), st) for k, st in v.fix_partners),
         split=dataclasses.replace(v.split, module=real(v.split.module), rule=real(v.split.rule)) if v.split else None)
         for v in result.verdicts)
     return dataclasses.replace(result, first_divergent_module=real(result.first_divergent_module),

@@ -11,6 +11,8 @@ rotary halves of one head are not parts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..compat import parity as seam
 from ..compat.logic import generic_name, parameter_rule
 from ..errors import ConfigError
@@ -81,7 +83,9 @@ class Tracer:
         self.tags = seam.weak_id_dict()
         self.total: dict[str, int] = {}
         self.found: dict[str, dict] = {}
+        self.just_found: list[str] = []   # sources found by the op being propagated
         self.dead: set[str] = set()   # contracted by a matmul: the split is on the input features, not the output
+        self.rows: dict[str, set[int]] = {}  # source -> widths of the rows its output was viewed into
         self.head_widths = set(head_widths)
         self.max_head = max(head_widths) if head_widths else 0
 
@@ -127,6 +131,10 @@ class Tracer:
                     continue
                 if name in CUT_OPS:
                     self._check_cut(name, source, idx, pieces)
+                elif len(pieces) == 1:
+                    inner = self._inner_width(pieces[0])
+                    if inner is not None and inner < self.total.get(source, 0):
+                        self.rows.setdefault(source, set()).add(inner)   # a view into rows (heads, groups)
                 for o, piece in zip(outs, pieces):
                     results.setdefault(id(o), (o, {}))[1][source] = (piece, hops)
             for o, tags in results.values():
@@ -211,11 +219,32 @@ class Tracer:
         flat = idx.reshape(-1)
         return flat[flat >= 0].unique()
 
-    def _within_head(self, period: int) -> bool:
+    @staticmethod
+    def _inner_width(idx) -> int | None:
+        """The size of the dimension along which the features of `idx` run consecutively (`+1` per step): the last
+        dimension of a view into heads (`[..., heads, head_dim]` -> `head_dim`), or of groups (`[..., groups, 4]` ->
+        4); `None` when no dimension does."""
+        for d in range(idx.ndim - 1, -1, -1):
+            if idx.shape[d] < 2:
+                continue
+            a, b = idx.narrow(d, 0, idx.shape[d] - 1), idx.narrow(d, 1, idx.shape[d] - 1)
+            both = (a >= 0) & (b >= 0)
+            if bool(both.any()) and bool(((b - a)[both] == 1).all()):
+                return int(idx.shape[d])
+        return None
+
+    def _within_head(self, period: int, idx, source: str) -> bool:
         """A cut that repeats every `period` features cuts inside each head (rotary halves, a head's rotary and
-        pass-through dims) when `period` is the width of a head: at most the widest head, and one of the config's
-        head widths or a divisor of one (a cut that repeats every half head)."""
-        return period <= self.max_head
+        pass-through dims, every other feature) when the output was viewed into rows of one head's width (a head
+        width of the config: `[..., heads, head_dim]`) and the cut repeats within such a row. An output viewed only
+        into rows of other widths holds groups of packed projections (`[q, gate]` per head, `[b, a]` per key head),
+        whatever their size."""
+        if period > self.max_head:
+            return False
+        if not self.head_widths:
+            return True
+        rows = self.rows.get(source) or {self._inner_width(idx)}
+        return any(row in self.head_widths and period <= row for row in rows if row is not None)
 
     def _check_cut(self, name, source, idx, pieces) -> None:
         import torch
@@ -233,7 +262,7 @@ class Tracer:
             keep = torch.zeros(n, dtype=torch.bool)
             keep[kept] = True
             period = self._period(keep, support, n)
-            if period < n and self._within_head(period):
+            if period < n and self._within_head(period, idx, source):
                 return   # a cut inside each head (rotary halves): not parts
             widths = [int(p[p >= 0].unique().numel()) for p in pieces]
             op = "slice" if name == "__getitem__" else name
@@ -246,6 +275,7 @@ class Tracer:
             else:
                 where = (f"groups of {period} features, no head's width: several projections packed per group "
                          f"({n // period} groups)")
+            self.just_found.append(source)
             self.found[source] = {
                 "action": f"{op} into parts of {widths} features out of {total}, {where}",
                 "cut": "blocks" if period >= n else "groups", "op": op, "parts": tuple(widths), "total": n,
@@ -253,14 +283,69 @@ class Tracer:
             return
 
 
+@dataclass(frozen=True)
+class CutSite:
+    """Where the unsharded forward cut a split output into parts, so that a rank's forward can be caught at the same
+    op: the module call it ran in (concrete name, call index), the torch function, and which call of that function
+    within the module call it was; and the pieces it produced (the unsharded parts).
+
+    Counting torch functions per innermost module call is what makes the site findable on a rank: transformers' TP
+    hooks run inside the hooked module's own call, so the ops of the module that cuts are the same on both sides."""
+
+    call: tuple[str, int]
+    op: str
+    occurrence: int
+    pieces: tuple
+
+
+class CallCounter:
+    """Which module call is innermost (forward pre/post hooks on every module) and how many times each torch function
+    ran directly in it."""
+
+    def __init__(self, model):
+        self.stack: list[tuple[str, int]] = []
+        self.calls: dict[str, int] = {}
+        self.counts: dict[tuple, int] = {}
+        self.handles = []
+        for name, mod in model.named_modules():
+            self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
+            self.handles.append(mod.register_forward_hook(self._post(name)))
+
+    def _pre(self, name):
+        def hook(module, args):
+            idx = self.calls.get(name, 0)
+            self.calls[name] = idx + 1
+            self.stack.append((name, idx))
+        return hook
+
+    def _post(self, name):
+        def hook(module, args, output):
+            if self.stack and self.stack[-1][0] == name:
+                self.stack.pop()
+        return hook
+
+    def count(self, op: str) -> tuple[tuple[str, int] | None, int]:
+        """`(innermost call, occurrence)` of a torch function `op` about to run."""
+        top = self.stack[-1] if self.stack else None
+        key = (top, op)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return top, self.counts[key]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def trace(small: SmallModel, styles=SPLIT_OUTPUT_STYLES) -> tuple[dict[str, SplitOutput], list[str]]:
     """Run one traced forward of `small.reference` and return `{generic source name: SplitOutput}` for the split
-    outputs the forward cuts into parts, and the generic names of every split output it followed."""
+    outputs the forward cuts into parts, and the generic names of every split output it followed. The site of each
+    cut and the parts it produced are kept on `small.cut_sites` (see `CutSite`)."""
     import torch
 
     model = small.reference
     tracer = Tracer(small.head_widths)
     sources: dict[str, tuple[str, str]] = {}
+    sites: dict[str, CutSite] = {}
     handles = []
     params = dict(model.named_parameters())
     for pname, p in params.items():
@@ -288,25 +373,36 @@ def trace(small: SmallModel, styles=SPLIT_OUTPUT_STYLES) -> tuple[dict[str, Spli
 
         handles.append(mod.register_forward_hook(hook))
 
+    counter = CallCounter(model)
+
     class Mode(seam.function_mode()):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            call, occurrence = counter.count(name)
             out = func(*args, **kwargs)
             try:
                 tracer.propagate(func, args, kwargs, out)
+                for source in tracer.just_found:
+                    if call is not None:
+                        sites[source] = CutSite(call, name, occurrence, tuple(t.detach().clone()
+                                                                              for t in tensors(out)))
             except Exception:  # noqa: BLE001 - following a tensor must never change the forward
                 pass
+            tracer.just_found.clear()
             return out
 
     try:
         with torch.no_grad(), Mode():
             model(input_ids=small.input_ids)
     finally:
+        counter.remove()
         for h in handles:
             h.remove()
     found = {g: SplitOutput(module=g, rule=sources[g][0], style=sources[g][1], **tracer.found[g])
              for g in sorted(sources) if g in tracer.found}
     small.found, small.traced = found, True
+    small.cut_sites = {g: site for g, site in sites.items() if g in found}
     return found, sorted(sources)
 
 

@@ -15,7 +15,7 @@ from ..model import ParityResult
 
 
 def run_in_subprocess(config, model_class, tp_plan, tp_size: int, ep_size: int, *, seed: int, timeout: float,
-                      checkpoint_keys=None) -> ParityResult:
+                      checkpoint_keys=None, head_limited=None) -> ParityResult:
     """Run `tpaudit.evidence.run_parity` in a fresh CPU-only interpreter and return its `ParityResult`.
 
     A subprocess that dies, overruns `timeout` (plus 60 s for its imports) or answers something that is not a
@@ -25,6 +25,7 @@ def run_in_subprocess(config, model_class, tp_plan, tp_size: int, ep_size: int, 
         spec = {"model_type": config.model_type, "config": config.to_dict(), "model_class": name,
                 "tp_plan": tp_plan, "tp_size": tp_size, "ep_size": ep_size, "seed": seed, "timeout": timeout,
                 "checkpoint_keys": list(checkpoint_keys) if checkpoint_keys is not None else None,
+                "head_limited": dict(head_limited or {}),
                 "out": str(Path(tmp) / "result.json")}
         Path(tmp, "spec.json").write_text(json.dumps(spec, default=str))
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
@@ -59,7 +60,8 @@ def main(argv: list[str]) -> int:
     d.pop("model_type", None)
     config = seam.config_for_model(spec["model_type"], d)
     result = run_parity(config, spec["model_class"], spec["tp_plan"], spec["tp_size"], spec["ep_size"],
-                        seed=spec["seed"], timeout=spec["timeout"], checkpoint_keys=spec.get("checkpoint_keys"))
+                        seed=spec["seed"], timeout=spec["timeout"], checkpoint_keys=spec.get("checkpoint_keys"),
+                        head_limited=spec.get("head_limited"))
     Path(spec["out"]).write_text(json.dumps(result.to_json()))
     return 0
 
