@@ -155,7 +155,7 @@ class RankRun:
 
 
 def run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float,
-              overrides: dict | None = None) -> tuple[list[RankRun], bool]:
+              overrides: dict | None = None, cut_sites: dict | None = None) -> tuple[list[RankRun], bool]:
     """Load `small` on `max(tp_size, ep_size)` threaded ranks and run its input through each.
 
     Args:
@@ -164,6 +164,7 @@ def run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float,
         timeout (`float`): seconds before hung ranks are woken.
         overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides (generic prefixed keys
             -> style), merged by transformers into the model's own plans (`_resolve_parallel_plans`).
+        cut_sites (`dict`, *optional*): the trace's cuts whose pieces each rank keeps (`cut_evidence`).
 
     Returns:
         `(runs, finished)`: every rank's run, and whether the ranks finished within `timeout`.
@@ -189,7 +190,7 @@ def run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float,
                 lock.release()
             run.phase = "forward"
             run.recorder = Recorder(model)
-            tracker = _use_tracker(run.recorder, _param_ranges(model), small.cut_sites)
+            tracker = _use_tracker(run.recorder, _param_ranges(model), cut_sites)
             with torch.no_grad(), tracker:
                 model(input_ids=small.input_ids)
             run.recorder.remove()

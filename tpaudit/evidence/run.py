@@ -119,7 +119,7 @@ def _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, sta
                                 f"here: {short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start,
                                 shrunk=small.shrunk, layers=small.layers, model_class=small.model_class.__name__,
                                 scope=small.scope, **base)
-        runs, finished = run_ranks(small, tp_size, ep_size, timeout)
+        runs, finished = run_ranks(small, tp_size, ep_size, timeout, cut_sites=small.cut_sites)
         world = max(tp_size, ep_size)
         first_seconds = time.perf_counter() - start
         facts, verdicts, reruns, iso_seconds = first_verdicts(

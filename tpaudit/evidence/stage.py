@@ -25,6 +25,8 @@ import dataclasses
 from ..configs import value
 from ..model import ParityResult
 from . import vocabulary as V
+from .cache import NOT_NEEDED, digest, open_cache
+from .cache import inputs as cache_inputs
 from .run import run_parity
 from .small_model import small_model
 from .trace import SPLIT_OUTPUT_STYLES, split_outputs
@@ -93,12 +95,32 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
         return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
                                  "architecture")
     if mode == "on":
-        return _run(built, resolved, "asked for (--parity)", shard_map=shard_map)
-    if proposed:
-        return _run(built, resolved, "the plan is a proposed one (--plan): a plan under review is checked against "
-                                     "the sharded forward", shard_map=shard_map)
-    if not candidates(built, shard_map):
+        why = "asked for (--parity)"
+    elif proposed:
+        why = "the plan is a proposed one (--plan): a plan under review is checked against the sharded forward"
+    elif not candidates(built, shard_map):
         return _not_needed(resolved)
+    else:
+        why = None
+    cache = open_cache()
+    limited = head_limited(built, shard_map, resolved.tp_size)
+    if cache is not None:
+        facts = cache_inputs(config=built.config, model_class=built.architecture, plan=_plan(built),
+                             tp_size=resolved.tp_size, ep_size=resolved.ep_size, checkpoint_names=_keys(built),
+                             head_limited=limited, why=why or "auto")
+        key = digest(facts)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+    result = _run(built, resolved, why, shard_map=shard_map, limited=limited) if why else \
+        _auto(built, resolved, shard_map, limited)
+    if cache is not None:
+        cache.put(key, facts, result)
+    return result
+
+
+def _auto(built, resolved, shard_map, limited) -> ParityResult:
+    """The check by itself: when the trace finds a split output the forward cuts into parts."""
     small = small_model(built.config, built.architecture, _plan(built), resolved.tp_size,
                         checkpoint_keys=_keys(built))
     try:
@@ -107,13 +129,13 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
             return _not_needed(resolved)
         names = ", ".join(f"`{s.module}` ({s.style})" for s in found[:3])
         why = f"the plan splits {names}{' and more' if len(found) > 3 else ''}, whose output the forward cuts into parts"
-        return _run(built, resolved, why, small, shard_map)
+        return _run(built, resolved, why, small, shard_map, limited)
     finally:
         small.cleanup()
 
 
 def _not_needed(resolved) -> ParityResult:
-    return skipped(resolved, "not needed: the plan splits no projection whose output the forward cuts into parts")
+    return skipped(resolved, f"{NOT_NEEDED}: the plan splits no projection whose output the forward cuts into parts")
 
 
 def skipped(resolved, why: str) -> ParityResult:
@@ -153,9 +175,10 @@ def head_limited(built, shard_map, tp_size: int) -> dict[str, str]:
     return out
 
 
-def _run(built, resolved, reason: str, small=None, shard_map=None) -> ParityResult:
+def _run(built, resolved, reason: str, small=None, shard_map=None, limited=None) -> ParityResult:
     """Run the parity check for this option (`run_parity`, the checkpoint's own layout) and say why it ran."""
-    limited = head_limited(built, shard_map, resolved.tp_size) if shard_map is not None else None
+    if limited is None and shard_map is not None:
+        limited = head_limited(built, shard_map, resolved.tp_size)
     result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
                         checkpoint_keys=_keys(built), small=small, head_limited=limited)
     return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
