@@ -252,3 +252,25 @@ def test_an_untested_release_that_passes_the_probes_runs_and_says_so(monkeypatch
     finally:
         monkeypatch.undo()
         compat.reset_for_tests()
+
+
+def test_the_evidence_stage_imports_no_torch_or_transformers_internal():
+    """The parity check's package reaches torch and transformers only through the seam (`compat.parity`): its own
+    modules import `torch` for public tensor operations and nothing from transformers, and the worker is reached
+    from `run.py` lazily (no import cycle)."""
+    import ast
+
+    import tpaudit.evidence as evidence
+
+    package = Path(evidence.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith("transformers"), (path.name, name)
+                assert name == "torch" or not name.startswith("torch"), (path.name, name)

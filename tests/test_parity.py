@@ -735,3 +735,44 @@ def test_a_run_that_compares_nothing_clears_nothing(monkeypatch):
     layout = [(f.code, f.severity, f.target) for f in report.findings if f.code in ("TPA501", "TPA502")]
     assert layout == [("TPA501", "warning", "model.layers.*.mlp.experts.gate_up_proj")]
     assert "compared no module output" in report.findings[[f.code for f in report.findings].index("TPA501")].message
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# bundled models and cases: no suspicion left undecided where parity ran
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name,tp", [("qwen3-30b-a3b-fp8", 8), ("gemma-4-26b-a4b", 4), ("deepseek-v3", 8),
+                                     ("case:14-fp8-block-shards-smaller-than-block", 8)])
+def test_where_parity_runs_every_rule_has_a_verdict_and_no_suspicion_is_left(name, tp, tmp_path):
+    """The bundled models and cases whose check runs the parity check by itself (a packed or gated projection the
+    forward cuts into parts). Every rule of the resolved plans that matches something has a verdict (an error, cleared,
+    or not exercised with a reason: the FP8 scale rules of the quantizer, which the unquantized small model lacks,
+    say "quantized kernel"), rules carry the real model's names (a composite model's `model.language_model.`), and no
+    report keeps a TPA501/TPA502 warning. Case 14 (Qwen3.5 FP8 at tp 8): its 2 KV heads cannot split, the k_proj
+    failure is TPA102's (one problem, one finding), and its gated q_proj, once a warning, is decided by its parts."""
+    if name.startswith("case:"):
+        from test_cases import materialise
+
+        model, plan = materialise(name[5:], tmp_path)
+        report = audit(str(model), tp=tp, plan=plan, parity="auto")
+    else:
+        report = audit(str(FIXTURES / f"{name}.snapshot.json.gz"), tp=tp, parity="auto")
+    parity = report.parity
+    assert parity.ran and parity.verdicts, parity.reason
+    assert not [f for f in report.findings if f.code in ("TPA501", "TPA502") and f.severity != "error"]
+    targets = {v.rule for v in parity.verdicts if v.rule}
+    rules = {**report.plan["tp_rules"], **(report.plan["ep_rules"] if tp > 1 and report.ep_size > 1 else {})}
+    assert set(rules) - set(report.unused_rules) <= targets
+    for v in parity.verdicts:
+        assert v.why and v.status in ("error", "cleared", "not_exercised")
+        if v.rule and v.rule.endswith("_scale_inv"):
+            assert v.status == "not_exercised" and "quantized kernel" in v.why
+    prefix = report.plan["text_prefix"]
+    assert all(v.rule.startswith(prefix + ".") or v.rule == "lm_head" or "outside the text decoder" in v.why
+               for v in parity.verdicts if v.rule)
+    if name.startswith("case:"):
+        q_proj = parity.verdict(f"{prefix}.layers.*.self_attn.q_proj")
+        assert q_proj.status == "cleared" and "share of the unsharded parts" in q_proj.why
+        assert {f.code for f in report.findings if f.target.endswith("k_proj") or "key_value" in f.target} >= \
+            {"TPA102"}
+        assert not [f for f in report.findings if f.code == "TPA502"]

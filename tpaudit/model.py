@@ -8,6 +8,9 @@ Frozen dataclasses only; nothing here imports torch or transformers. Sizes are `
 `parallel_utils.replace_layer_number_by_wildcard` does (`compat.logic.generic_name`). On-disk names are
 `checkpoint_name`. Every report section is a typed dataclass with `to_json()`; `Report.to_json()` is the
 `tpaudit/check/v1` contract.
+
+Longer than most modules on purpose: it is the one place every stage's values are declared (one section per stage),
+so that no stage imports another's module to read its types.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..configs import value
-from ..model import ParityResult
+from ..model import ParityResult, RuleVerdict
 from . import vocabulary as V
 from .cache import NOT_NEEDED, digest, open_cache
 from .cache import inputs as cache_inputs
@@ -181,7 +181,35 @@ def _run(built, resolved, reason: str, small=None, shard_map=None, limited=None)
         limited = head_limited(built, shard_map, resolved.tp_size)
     result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
                         checkpoint_keys=_keys(built), small=small, head_limited=limited)
-    return dataclasses.replace(_real_names(built, result), reason=f"{reason}; {result.reason}")
+    result = _real_names(built, result)
+    return dataclasses.replace(result, reason=f"{reason}; {result.reason}",
+                               verdicts=result.verdicts + _outside(built, resolved, result))
+
+
+def _outside(built, resolved, result: ParityResult) -> tuple[RuleVerdict, ...]:
+    """A verdict for each rule of the real model's resolved plans that the small model does not have: rules the
+    quantizer adds for its own tensors (the small model runs unquantized), and rules of the towers a composite
+    model's text decoder leaves out. Rules that match nothing are TPA002's, not listed here."""
+    if not result.ran:
+        return ()
+    have = {v.rule for v in result.verdicts} | {v.module for v in result.verdicts}
+    unused = set(resolved.unused_tp_rules) | set(resolved.unused_ep_rules)
+    rules = {**resolved.tp_rules, **(resolved.ep_rules if resolved.ep_size > 1 else {})}
+    prefix = built.text_prefix + "." if built.text_prefix else ""
+    out = []
+    for key, style in sorted(rules.items()):
+        if key in have or key in unused:
+            continue
+        if built.quantization is not None and (not prefix or key.startswith(prefix)):
+            why = ("not exercised: quantized kernel (the small model runs unquantized, without the tensors this rule "
+                   "splits)")
+        elif prefix and not key.startswith(prefix) and key not in built.lm_head_names:
+            why = "not exercised: outside the text decoder the small model runs"
+        else:
+            why = "not exercised: not in the small model"
+        module = key.rsplit(".", 1)[0] if key.rsplit(".", 1)[-1] in ("weight", "bias") else key
+        out.append(RuleVerdict(rule=key, style=style, module=module, status="not_exercised", why=why))
+    return tuple(out)
 
 
 def _real_names(built, result: ParityResult) -> ParityResult:
@@ -197,12 +225,14 @@ def _real_names(built, result: ParityResult) -> ParityResult:
         nonlocal rules
         if not name or name in names or not prefix:
             return name
-        prefixed = f"{prefix}.{name}"
-        if prefixed in names:
-            return prefixed
+        # the decoder's own base prefix (`model` of a causal LM) stands where the composite model has its text prefix
+        own = name.split(".", 1)[1] if "." in name else None
+        for candidate in (f"{prefix}.{name}", f"{prefix}.{own}" if own else None):
+            if candidate and candidate in names:
+                return candidate
         if rules is None:
             rules = resolved_rules(built)
-        return prefixed if prefixed in rules else name
+        return next((c for c in (f"{prefix}.{name}", f"{prefix}.{own}" if own else None) if c and c in rules), name)
 
     split = tuple(dataclasses.replace(s, module=real(s.module), rule=real(s.rule)) for s in result.split)
     verdicts = tuple(dataclasses.replace(
