@@ -19,9 +19,10 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     (a) A fused or packed projection whose split scrambles its parts: the plan splits the projection's output
     (`colwise`, `packed_colwise`) and the model's forward then cuts that output into parts (q, k and v; gate and up;
     per-head groups) that the split does not respect. The verdict comes from evidence: the parity check runs the
-    sharded forward of a small model of the same architecture and plan on real gloo ranks and names the first module
-    whose output diverges (facts `"evidence": "parity"`). A valid split is cleared by the same run (GPT-NeoX's
-    per-head `query_key_value` survives plain `colwise`). Where the parity check did not run (`--no-parity`), a fused
+    sharded forward of a small model of the same architecture and plan on threaded ranks, compares every output and
+    the parts each rank cuts, and re-runs with each failing rule repaired until every rule has its own verdict (facts
+    `"evidence": "parity"`). A valid split is cleared (GPT-NeoX's per-head `query_key_value` survives plain
+    `colwise`). Where the parity check did not run (`--no-parity`), a fused
     name split by plain `colwise` is only a suspicion and a warning. (b) Quantized values packed into int32 words
     (AWQ along outputs, GPTQ and compressed-tensors pack-quantized along inputs) split where a rank's share is not a
     whole number of words, or packed with a bit width that does not divide 32 (3/5/6/7 bits), where any split cuts
@@ -199,11 +200,12 @@ def check_style_mismatch(ctx: CheckContext) -> Iterable[Finding]:
 
 **What it detects**
 The parity check (`tpaudit check --parity`) loaded a small model of the same architecture on `tp_size` ranks with
-the plan under review, ran the same tokens through it and through the unsharded model, and the first module whose
-output differs (or the one running when a rank raised) was split by a rule that is not a fused or packed projection:
-a colwise-colwise chain with no reduction (`o_proj: colwise` after colwise `q/k/v_proj`), a rowwise module fed a
-whole input (`q_proj: rowwise`), a module that receives a split input but has no rule, or a projection split through
-the middle of a head.
+the plan under review, ran the same tokens through it and through the unsharded model, and a rule that is not a
+fused or packed projection broke it (alone, or together with the rest of its block: the check re-runs with each
+failing rule repaired until the forward matches, so every wrong rule gets its own finding): a colwise-colwise chain
+with no reduction (`o_proj: colwise` after colwise `q/k/v_proj`), a rowwise module fed a whole input
+(`q_proj: rowwise`), a module that receives a split input but has no rule, a style transformers cannot apply to the
+module while loading, or a projection split through the middle of a head.
 
 **Why it matters**
 The ranks either crash at the first forward (a shape mismatch) or, worse, return numbers that are not the model's:

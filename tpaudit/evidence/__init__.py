@@ -16,8 +16,11 @@ check runs the forward instead:
    distributed_config=DistributedConfig(...))` on `tp_size` threaded ranks, every module's output compared with the
    unsharded model's.
 4. **Blame** (`blame.py`): the first divergence attributed to the split that caused it.
+5. **One verdict per rule** (`isolate.py`): re-runs with each failing rule repaired until the forward matches, so
+   that every rule is an error, cleared, or not exercised with the reason.
 
-`stage.gather` decides when an option of a report needs the check. Every torch and transformers internal this
+`stage.gather` decides when an option of a report needs the check, and reads and writes the parity verdict cache
+(`cache.py`); `worker.py` runs the check in a subprocess when this process cannot host the ranks. Every torch and transformers internal this
 package touches goes through `tpaudit.compat` (`compat.parity`); its results are the data model's `ParityResult`,
 `SplitOutput` and `RuleVerdict`; the findings they are evidence for are written by `tpaudit.checks.layout`
 (`parity_findings`).

@@ -292,7 +292,7 @@ class Isolation:
                 if not c.innocent and c.partner_of is None:
                     partner_keys = {k for p in culprits.values() if p.partner_of is c for k in p.repair}
                     c.smaller_tp = self._smaller_tp(c, {k: v for k, v in overrides.items() if k not in partner_keys})
-        return self._verdicts(first, obs, culprits), obs
+        return self._verdicts(obs, culprits), obs
 
     def _partners(self, culprits: dict[str, Culprit]) -> None:
         """Mark the culprits that failed only as partners of an earlier repair in their block: a rowwise-family
@@ -336,7 +336,7 @@ class Isolation:
         return last
 
     # -- verdicts ------------------------------------------------------------------------------------------------------
-    def _verdicts(self, first: Observation, last: Observation, culprits: dict[str, Culprit]) -> tuple[RuleVerdict, ...]:
+    def _verdicts(self, last: Observation, culprits: dict[str, Culprit]) -> tuple[RuleVerdict, ...]:
         out: list[RuleVerdict] = []
         passed = last.passed is True
         guilty = [c for c in culprits.values() if not c.innocent and c.partner_of is None]
@@ -385,7 +385,6 @@ class Isolation:
                                        split=split))
                 continue
             out.append(RuleVerdict(rule=key, style=info.style, module=info.name, status="not_exercised", why=why))
-        del first
         order = {"error": 0, "cleared": 1, "not_exercised": 2}
         return tuple(sorted(out, key=lambda v: (order[v.status], v.target)))
 
