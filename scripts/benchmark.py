@@ -28,8 +28,13 @@ fraction of a second (`--section headers`). And the throughput of `tpaudit batch
 And the test suite's fast loop, as a wall time and as a multiple of the yardstick import (`--section tests`; goal:
 well under two minutes on 2 cores).
 
+And the parity check (`--section parity`, `scripts/benchmark_parity.py --section isolation` then `--section cache`):
+the isolation re-runs of the breaking plans of tests/test_parity.py against their first run (goal: at most 3x), and
+a second check of DeepSeek-V3 at tp 8 served from the parity cache (goal: under 0.5 s in the evidence stage).
+
 Usage:
-    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...] [--section all|check|headers|batch|tests]
+    python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...]
+                                [--section all|check|headers|batch|tests|parity]
 """
 
 from __future__ import annotations
@@ -167,7 +172,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about a minute)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
-    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests"), default="check")
+    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests", "parity"), default="check")
     ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
     args = ap.parse_args()
     if args.section == "batch":
@@ -179,6 +184,8 @@ def main() -> int:
     if args.section == "tests":
         fast_loop(args.repeat)
         return 0
+    if args.section == "parity":
+        return parity()
 
     qwen = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
     deepseek = str(FIXTURES / "deepseek-v3.snapshot.json.gz")
@@ -265,7 +272,18 @@ def main() -> int:
         _print_headers(args.repeat)
         batch_throughput(args.batch_tp)
         fast_loop(1)
+        parity()
     return 0
+
+
+def parity() -> int:
+    """The parity check's isolation cost and its cache (`scripts/benchmark_parity.py`)."""
+    print("\nparity check (scripts/benchmark_parity.py):", flush=True)
+    code = 0
+    for section in ("isolation", "cache"):
+        code |= subprocess.run([PY, str(ROOT / "scripts" / "benchmark_parity.py"), "--section", section],
+                               cwd=ROOT).returncode
+    return code
 
 
 def _print_headers(repeat: int) -> None:

@@ -123,6 +123,18 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
     return report
 
 
+@pytest.fixture(autouse=True)
+def _own_parity_cache(request, monkeypatch, tmp_path_factory):
+    """Each test gets its own parity verdict cache folder (created only if the test writes to it), so that no test
+    reads a verdict another test computed."""
+    import hashlib
+
+    root = tmp_path_factory.getbasetemp() / "parity-cache"
+    monkeypatch.setenv("TPAUDIT_PARITY_CACHE",
+                       str(root / hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]))
+    monkeypatch.delenv("TPAUDIT_NO_PARITY_CACHE", raising=False)
+
+
 @pytest.fixture
 def fixture_path():
     return lambda name: str(FIXTURES / f"{name}.snapshot.json.gz")

@@ -278,6 +278,40 @@ def test_a_missing_capability_is_exit_2_naming_transformers(monkeypatch):
         compat.reset_for_tests()
 
 
+def test_the_threaded_process_group_is_probed_at_start_up():
+    """The parity check's private torch pieces (the multi-threaded process group, thread isolation of group names)
+    are start-up capabilities like the rest of the seam, present in the installed torch, and a missing one fails the
+    probe naming it."""
+    from tpaudit.compat import parity as seam
+    from tpaudit.compat._probe import Capability, missing
+    from tpaudit.compat.transformers_5_23 import Transformers523
+
+    names = {c.name for c in seam.CAPABILITIES}
+    assert {"testing._internal.distributed.multi_threaded_pg._install_threaded_pg",
+            "testing._internal.distributed.multi_threaded_pg.ProcessLocalGroup.exception_handle",
+            "_C._distributed_c10d._set_thread_isolation_mode"} <= names
+    assert set(seam.CAPABILITIES) <= set(Transformers523.CAPABILITIES)
+    assert missing(seam.CAPABILITIES) == []
+    gone = Capability("torch.testing._internal.distributed.multi_threaded_pg", "_install_threaded_pg_v2")
+    assert missing((gone,)) == ["testing._internal.distributed.multi_threaded_pg._install_threaded_pg_v2 does not "
+                                "exist"]
+
+
+def test_the_parity_rule_lookup_is_transformers_own(plans, names):
+    """The parity check looks rules up with the seam's pinned copy (`compat.logic.parameter_rule`), as the loader's
+    `_get_parameter_plan` does, for modules and parameters alike."""
+    from transformers.distributed.parallel_utils import _get_parameter_plan
+
+    from tpaudit.evidence.trace import rule_for
+
+    for plan in plans[:60]:
+        full = {**plan, **{f"model.{k}": v for k, v in plan.items()}}
+        for name in names[:400]:
+            for is_param in (True, False):
+                key, style = rule_for(full, name, is_param)
+                assert style == _get_parameter_plan(name, full, is_weight=is_param), (name, is_param)
+
+
 def test_a_parameter_the_seam_passes_is_probed():
     from tpaudit.compat._probe import Capability
 
@@ -317,3 +351,25 @@ def test_the_supported_range_is_written_once():
     readme = (root / "README.md").read_text()
     assert f"transformers{spec}" in readme and f"transformers {spec}" in readme
     assert not [d for d in deps if d.startswith("transformers") and d != f"transformers{spec}"]
+
+
+def test_the_evidence_stage_imports_no_torch_or_transformers_internal():
+    """The parity check's package reaches torch and transformers only through the seam (`compat.parity`): its own
+    modules import `torch` for public tensor operations and nothing from transformers, and the worker is reached
+    from `run.py` lazily (no import cycle)."""
+    import ast
+
+    import tpaudit.evidence as evidence
+
+    package = Path(evidence.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith("transformers"), (path.name, name)
+                assert name == "torch" or not name.startswith("torch"), (path.name, name)

@@ -89,7 +89,7 @@ def test_verify_table():
 
 
 def test_parity_line_says_what_happened_never_diverges_when_it_did_not_run():
-    from tpaudit.parity import ParityResult
+    from tpaudit.evidence import ParityResult
     from tpaudit.report.wording import parity_verdict
 
     skipped = ParityResult(ran=False, reason="not needed: no fused split", tp_size=4)

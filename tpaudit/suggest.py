@@ -15,6 +15,7 @@ import json
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,6 +89,16 @@ class Suggestion:
     votes: int = 0
 
 
+class Unresolved(NamedTuple):
+    """A replicated family `--suggest` proposes no rule for: its rule `key` (relative to the base model) and why."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"`{self.key}`: {self.reason}"
+
+
 def _votes_for(key: str, plans: dict[str, dict[str, str]]) -> tuple[str, Counter, dict[str, list[str]]]:
     """(matched pattern, style votes, style -> voters) at the most specific level that has votes."""
     parts = key.split(".")
@@ -111,7 +122,7 @@ def _votes_for(key: str, plans: dict[str, dict[str, str]]) -> tuple[str, Counter
 
 
 def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: dict | None = None,
-                  defer: set[str] | None = None) -> tuple[list[Suggestion], list[str]]:
+                  defer: set[str] | None = None) -> tuple[list[Suggestion], list[Unresolved]]:
     """Rules for the error-severity replicated families of `report`.
 
     Args:
@@ -124,18 +135,18 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
         defer (`set[str]`, *optional*): keys not to propose in this round.
 
     Returns:
-        `(suggestions, unresolved)`: the proposed rules, and the families no sibling shards (each with a reason).
+        `(suggestions, unresolved)`: the proposed rules, and the families no sibling shards (each `Unresolved`: its
+        key and the reason).
     """
     plans = sibling_plans()
     suggestions: dict[str, Suggestion] = {}
-    unresolved = []
+    unresolved: list[Unresolved] = []
     for f in report.findings:
         if f.kind != "replicated_weight" or f.severity != "error":
             continue
         facts = f.facts or {}
         key = facts.get("relative_key") or f.target
-        if key in base_plan or key in suggestions or key in (defer or ()) or \
-                any(key == u.split("`")[1] for u in unresolved):
+        if key in base_plan or key in suggestions or key in (defer or ()) or any(key == u.key for u in unresolved):
             continue
         module_facts = (layouts or {}).get(key.rpartition(".")[0]) if facts.get("key_kind") == "parameter" else None
         if module_facts is not None:
@@ -144,17 +155,17 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
                 layout.append("stored [E, in, out]")
             if module_facts.is_concatenated is False:
                 layout.append("gate and up interleaved")
-            unresolved.append(f"`{key}`: its experts ({module_facts.type}) are {' and '.join(layout)}, unlike the "
-                              "architectures whose experts rules would match; shard them by expert (--ep) or write "
-                              "a rule for this layout")
+            unresolved.append(Unresolved(key, f"its experts ({module_facts.type}) are {' and '.join(layout)}, unlike "
+                                              "the architectures whose experts rules would match; shard them by "
+                                              "expert (--ep) or write a rule for this layout"))
             continue
         if text_prefix and not f.target.startswith(text_prefix + "."):
-            unresolved.append(f"`{key}`: a class-level rule (e.g. `_tp_plan = {{\"{key}\": ...}}` on the model "
-                              "class), which a base_model_tp_plan cannot express")
+            unresolved.append(Unresolved(key, f"a class-level rule (e.g. `_tp_plan = {{\"{key}\": ...}}` on the model "
+                                              "class), which a base_model_tp_plan cannot express"))
             continue
         matched, votes, voters = _votes_for(key, plans)
         if not votes:
-            unresolved.append(f"`{key}`: no architecture in this transformers shards a module of that name")
+            unresolved.append(Unresolved(key, "no architecture in this transformers shards a module of that name"))
             continue
         style, count = votes.most_common(1)[0]
         suggestions[key] = Suggestion(key, style, voters[style][:5], matched, count)
@@ -227,7 +238,8 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
     dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
     dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
     base_plan = {k: v for k, v in base_plan.items() if k not in dead}
-    fields = dict(rules={s.key: s.style for s in suggestions}, removed=sorted(dead), unresolved=unresolved,
+    fields = dict(rules={s.key: s.style for s in suggestions}, removed=sorted(dead),
+                  unresolved=[str(u) for u in unresolved],
                   voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
                   before=summary(report))
     if suggestions:
@@ -243,7 +255,7 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
             built.use_plan(None)
         before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
         fields.update(
-            unresolved=sorted(set(unresolved) | set(unresolved_more)),
+            unresolved=sorted({str(u) for u in unresolved} | {str(u) for u in unresolved_more}),
             rules={s.key: s.style for s in suggestions},
             voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
             after=summary(after), plan=plan, snippet=snippet(built.owner_class, base_plan, suggestions, sorted(dead)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from ..model import Finding
+from ..model import Finding, ParityResult, SplitOutput
 from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_logical, quant_scheme, quant_units
 from .registry import CheckContext, rule
 
@@ -19,9 +19,10 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     (a) A fused or packed projection whose split scrambles its parts: the plan splits the projection's output
     (`colwise`, `packed_colwise`) and the model's forward then cuts that output into parts (q, k and v; gate and up;
     per-head groups) that the split does not respect. The verdict comes from evidence: the parity check runs the
-    sharded forward of a small model of the same architecture and plan on real gloo ranks and names the first module
-    whose output diverges (facts `"evidence": "parity"`). A valid split is cleared by the same run (GPT-NeoX's
-    per-head `query_key_value` survives plain `colwise`). Where the parity check did not run (`--no-parity`), a fused
+    sharded forward of a small model of the same architecture and plan on threaded ranks, compares every output and
+    the parts each rank cuts, and re-runs with each failing rule repaired until every rule has its own verdict (facts
+    `"evidence": "parity"`). A valid split is cleared (GPT-NeoX's per-head `query_key_value` survives plain
+    `colwise`). Where the parity check did not run (`--no-parity`), a fused
     name split by plain `colwise` is only a suspicion and a warning. (b) Quantized values packed into int32 words
     (AWQ along outputs, GPTQ and compressed-tensors pack-quantized along inputs) split where a rank's share is not a
     whole number of words, or packed with a bit width that does not divide 32 (3/5/6/7 bits), where any split cuts
@@ -109,21 +110,65 @@ def _name_suspicions(ctx: CheckContext) -> Iterable[Finding]:
 
 
 def _parity_layout_findings(ctx: CheckContext, parity) -> Iterable[Finding]:
-    """With the parity check: its divergence at a fused/packed split is the error; a clean run clears every
-    suspicion. (A divergence elsewhere is TPA502.)"""
-    from ..parity import parity_findings
-
+    """With the parity check: an error for every rule whose split scrambles the parts of an output the forward cuts
+    into parts (one verdict per rule, `ParityResult.verdicts`); every suspicion the check did not decide (a rule it
+    could not exercise, a run that compared nothing) stays a warning that says why. A rule it cleared gives none."""
+    if not parity.verdicts:   # a result without per-rule verdicts (made by hand, or by an older tpaudit)
+        yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA501")
+        if parity.passed is False:
+            yield from _masked_suspicions(ctx, parity)
+        elif parity.passed is None:
+            yield from _name_suspicions(ctx)
+        yield from _quant_packing(ctx)
+        return
     yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA501")
-    if parity.passed is False:
-        yield from _masked_suspicions(ctx, parity)
+    yield from _undecided_suspicions(ctx, parity)
     yield from _quant_packing(ctx)
 
 
+def _decided(parity) -> set[str]:
+    """Rule keys and modules the parity check gave an error or cleared."""
+    out: set[str] = set()
+    for v in parity.verdicts:
+        if v.status in ("error", "cleared"):
+            out.update(x for x in (v.rule, v.module) if x)
+    return out
+
+
+def _undecided_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
+    """Plain-`colwise` splits of outputs the forward cuts into parts (found by the trace, or by a fused name) that
+    the parity check did not decide: a warning each, with the reason from its verdict."""
+    decided = _decided(parity)
+    seen: set[str] = set()
+    for s in parity.split:
+        if s.style != "colwise" or {s.module, s.rule} & decided or s.module in seen:
+            continue
+        seen.add(s.module)
+        verdict = parity.verdict(s.rule) or parity.verdict(s.module)
+        why = verdict.why if verdict is not None else "the parity check has no verdict for it"
+        yield Finding(
+            code="TPA501", kind="packed_layout", severity="warning", target=s.rule or s.module,
+            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and "
+                     f"the forward cuts its output into parts ({s.action}); the parity check could not decide "
+                     f"whether this split keeps the parts together ({why})"),
+            fix="Fix the errors above and run tpaudit check again, or run the check at a tp_size where the parity "
+                "check can run this module",
+            facts={"style": "colwise", "evidence": "trace", "confirmed": False, "why": why})
+    for f in _name_suspicions(ctx):
+        module = f.target.rpartition(".")[0] if f.target.endswith((".weight", ".bias")) else f.target
+        if module in seen or {module, f.target} & decided:
+            continue
+        seen.add(module)
+        verdict = parity.verdict(module)
+        why = verdict.why if verdict is not None else (
+            "the run compared no module output" if parity.passed is None else "the parity check has no verdict for it")
+        yield dataclasses.replace(f, message=f"{f.message} ({why})", facts={**f.facts, "why": why})
+
+
 def _masked_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
-    """A failed run is evidence about the module it blames and nothing after it: the forward raised there, or every
-    later output inherits the divergence. Every other plain-`colwise` split of a projection whose output the forward
-    cuts into parts (found by the run's trace, or by a fused name) stays what it was before the run, a suspicion (a
-    warning), so that one run names every rule to look at, not one per run."""
+    """Without per-rule verdicts: a failed run is evidence about the module it blames and nothing after it. Every
+    other plain-`colwise` split of a projection whose output the forward cuts into parts (found by the run's trace,
+    or by a fused name) stays a suspicion (a warning)."""
     blamed = {parity.first_divergent_module, parity.rule} - {None}
     seen: set[str] = set()
     for s in parity.split:
@@ -133,8 +178,9 @@ def _masked_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
         yield Finding(
             code="TPA501", kind="packed_layout", severity="warning", target=s.rule or s.module,
             message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and "
-                     f"the forward cuts its output into parts ({s.action}); the parity run failed first at `{parity.first_divergent_module}`, "
-                     "so it could not tell whether this split keeps the parts together"),
+                     f"the forward cuts its output into parts ({s.action}); the parity run failed first at "
+                     f"`{parity.first_divergent_module}`, so it could not tell whether this split keeps the parts "
+                     "together"),
             fix="Fix the error above and run tpaudit check again: the parity run then decides this one",
             facts={"style": "colwise", "evidence": "trace", "confirmed": False,
                    "masked_by": parity.first_divergent_module})
@@ -154,11 +200,12 @@ def check_style_mismatch(ctx: CheckContext) -> Iterable[Finding]:
 
 **What it detects**
 The parity check (`tpaudit check --parity`) loaded a small model of the same architecture on `tp_size` ranks with
-the plan under review, ran the same tokens through it and through the unsharded model, and the first module whose
-output differs (or the one running when a rank raised) was split by a rule that is not a fused or packed projection:
-a colwise-colwise chain with no reduction (`o_proj: colwise` after colwise `q/k/v_proj`), a rowwise module fed a
-whole input (`q_proj: rowwise`), a module that receives a split input but has no rule, or a projection split through
-the middle of a head.
+the plan under review, ran the same tokens through it and through the unsharded model, and a rule that is not a
+fused or packed projection broke it (alone, or together with the rest of its block: the check re-runs with each
+failing rule repaired until the forward matches, so every wrong rule gets its own finding): a colwise-colwise chain
+with no reduction (`o_proj: colwise` after colwise `q/k/v_proj`), a rowwise module fed a whole input
+(`q_proj: rowwise`), a module that receives a split input but has no rule, a style transformers cannot apply to the
+module while loading, or a projection split through the middle of a head.
 
 **Why it matters**
 The ranks either crash at the first forward (a shape mismatch) or, worse, return numbers that are not the model's:
@@ -176,17 +223,17 @@ only when `tp_size` divides them.
 
 **References**
 transformers `distributed/tensor_parallel.py` (`ColwiseParallel`, `RowwiseParallel`); the parity check in
-`tpaudit/parity.py`.
+`tpaudit/evidence/`.
 """
     parity = ctx.parity
-    if parity is None or not parity.ran or _explained_by_head_counts(ctx, parity):
+    if parity is None or not parity.ran:
         return
-    from ..parity import parity_findings
+    for f in parity_findings(parity, text_prefix=ctx.text_prefix):
+        if f.code == "TPA502" and not _explained_by_head_counts(ctx, f.facts.get("module")):
+            yield f
 
-    yield from (f for f in parity_findings(parity, text_prefix=ctx.text_prefix) if f.code == "TPA502")
 
-
-def _explained_by_head_counts(ctx: CheckContext, parity) -> bool:
+def _explained_by_head_counts(ctx: CheckContext, blamed: str | None) -> bool:
     """The divergence is a head split that TPA101/TPA102 already report from the config: the blamed module is a key
     projection of a layer whose KV heads `tp_size` does not divide, or a query/output projection while the attention
     heads do not divide. One problem, one finding."""
@@ -194,7 +241,7 @@ def _explained_by_head_counts(ctx: CheckContext, parity) -> bool:
     from ..kvcache import key_projections, kv_layers
     from ._shapes import role
 
-    blamed = parity.first_divergent_module or ""
+    blamed = blamed or ""
     tp = ctx.shard_map.tp_size
     kv = {layer.index: layer.kv_heads for layer in kv_layers(ctx.text_config)}
     for index, key in key_projections(ctx.shard_map, ctx.text_prefix).items():
@@ -203,3 +250,183 @@ def _explained_by_head_counts(ctx: CheckContext, parity) -> bool:
     group = next((g for g in ctx.shard_map.groups if g.generic_name.rpartition(".")[0] == blamed), None)
     heads = [h for h in values(ctx.text_config, "num_attention_heads") if isinstance(h, int)]
     return group is not None and role(group.first) in ("q", "o", "qkv") and any(h % tp for h in heads)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The findings a parity result is evidence for (the text of TPA501 / TPA502 from the typed result)
+# ----------------------------------------------------------------------------------------------------------------------
+def _relative(key: str | None, text_prefix: str) -> str | None:
+    if key and text_prefix and key.startswith(text_prefix + "."):
+        return key[len(text_prefix) + 1:]
+    return key
+
+
+def _packed_fix(split: SplitOutput | None, key: str) -> str:
+    """What to write instead, from the traced layout of the output (`SplitOutput.cut`, `parts`)."""
+    if split is not None and split.cut == "groups":
+        return (f"Split whole heads only: keep `{key}` on a tp_size that divides its heads, or use "
+                f"`{key}: colwise_gather_output`")
+    if split is not None and len(split.parts) == 2 and split.parts[0] == split.parts[1]:
+        return f"Use `{key}: packed_colwise` (two equal halves, each split across ranks)"
+    return f"Use `{key}: colwise_gather_output` (every rank keeps the whole output) and split the next module's input"
+
+
+def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Finding]:
+    """The findings a parity result is evidence for.
+
+    A passed (or skipped) result gives none. A failed one gives an error for every rule whose verdict is an error
+    (the run of the plan and the isolation re-runs decide each rule on its own, `RuleVerdict`):
+
+    - `TPA501` `packed_layout` when the split blamed is one whose output the forward cuts into parts (`result.fused`):
+      a fused or packed projection split as if it were one matrix;
+    - `TPA502` `style_mismatch` otherwise: a style that does not fit how the model uses the module (a colwise-colwise
+      chain with no reduction, a rowwise module fed a whole input, a module left without a rule between split ones,
+      a projection split through a head), or a plan transformers cannot load.
+
+    Both carry `facts = {"evidence": "parity", "module", "rule", "style", "max_abs_error" | "exception",
+    "observed_at", "tp_size", "ep_size", "rank"}` (`module`, `rule`: generic names with the base model's prefix).
+
+    Args:
+        result (`ParityResult`): from `tpaudit.evidence.run_parity`.
+        text_prefix (`str`, *optional*): the base model's module path (`model`, `model.language_model`); fixes then
+            name plan keys relative to it, as a `--plan` file writes them.
+
+    Returns:
+        `list[Finding]`: one per rule the check found in error (`result.verdicts`); for a result without verdicts,
+        zero or one, from its first divergence.
+    """
+    if result.ran and result.verdicts:
+        return [_verdict_finding(v, result, text_prefix) for v in result.errors()]
+    if not result.ran or result.passed is not False:
+        return []
+    module = result.first_divergent_module
+    facts: dict = {"evidence": "parity", "module": module, "rule": result.rule, "style": result.style,
+                   "observed_at": result.observed_at, "tp_size": result.tp_size,
+                   "ep_size": result.ep_size, "rank": result.rank}
+    if result.error:
+        facts["exception"] = result.error
+        how = f"a rank raised {result.error.split(': ', 1)[-1]}"
+    else:
+        facts["max_abs_error"] = result.max_abs_error
+        how = (f"outputs differ from the unsharded model by up to {result.max_abs_error:.3g} (tolerance "
+               f"{result.tolerance:g} of their scale)")
+    where = f"at `{result.observed_at}`" if result.observed_at else "while loading"
+    small = f"a small {result.model_class or 'model'} on {max(result.tp_size, result.ep_size)} ranks"
+    key = _relative(result.rule or module, text_prefix) or "the rule"
+    if module is None:
+        return [Finding(
+            code="TPA502", kind="style_mismatch", severity="error", target=result.model_class or "tp_plan",
+            message=f"the sharded forward of {small} fails {where}: {how}",
+            fix="Make the plan loadable: every style must fit the module it names", facts=facts)]
+    if result.fused:
+        split = next((s for s in result.split if s.module == module), None)
+        cut = f" the forward cuts its output into parts ({split.action})" if split else ""
+        return [Finding(
+            code="TPA501", kind="packed_layout", severity="error", target=result.rule or module,
+            message=(f"`{module}` is split by `{key}: {result.style}` as one matrix, but"
+                     f"{cut or ' its output holds parts'}: the sharded forward of {small} diverges {where} ({how})"),
+            fix=_packed_fix(split, key), facts=facts)]
+    if result.rule is None and result.input_split:
+        message = (f"`{module}` receives a split input but no rule splits it (no reduction): the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+        fix = f"Add `{_relative(module, text_prefix)}: rowwise` so that it reduces the split input"
+    elif result.rule is None:
+        message = (f"the sharded forward of {small} diverges {where} ({how}), in `{module}`, which no rule splits "
+                   "and which used no split weight: a parameter it reads per head or per feature is not split "
+                   "with the rest")
+        fix = "Give the module's own parameters (attention sinks, per-head scales) the rule its inputs need"
+    else:
+        message = (f"`{key}: {result.style}` does not fit how the model uses `{module}`: the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+        if result.input_split is True:
+            fix = f"Use `{key}: rowwise`: its input arrives split by the colwise projections before it"
+        elif result.input_split is False and result.style and result.style.startswith("rowwise"):
+            fix = f"Use `{key}: colwise` (its input arrives whole), or `rowwise_split_input` to split it first"
+        else:
+            fix = ("Pair the styles: a colwise projection feeds a rowwise one that reduces it; a module fed a whole "
+                   "input is colwise (or rowwise_split_input); split heads only where tp_size divides them")
+    return [Finding(code="TPA502", kind="style_mismatch", severity="error", target=result.rule or module,
+                    message=message, fix=fix, facts=facts)]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+def _layout_fix(v, key: str, tp_size: int, text_prefix: str = "") -> str:
+    """What to write instead of a split that scrambles the parts of its output, from the traced layout and the style
+    the re-run matched with (and the partners that style needs)."""
+    split = v.split
+    style = v.fix_style if v.fix_style and v.fix_style != "packed_colwise" else "colwise_gather_output"
+    partners = (" with " + ", ".join(f"`{_relative(k, text_prefix)}: {st}`" for k, st in v.fix_partners)
+                if v.fix_partners else "")
+    if v.fix_style == "packed_colwise":
+        return (f"Use `{key}: packed_colwise`: its output is {len(split.parts) if split else 2} equal blocks, each "
+                "split across ranks (the sharded forward then matches)")
+    if split is not None and split.cut == "groups":
+        parts = f"{len(split.parts)} parts" if len(split.parts) > 1 else "parts"
+        whole = (f"its output is cut in {split.groups} groups of {parts} each, and tp_size {tp_size} does not "
+                 f"divide {split.groups}")
+        if v.tp_sizes_ok:
+            sizes = [d for d in _divisors(split.groups) if d <= max(v.tp_sizes_ok)]
+            return (f"Use `{key}: {style}`{partners}, or a tp_size dividing {split.groups} so that every rank holds "
+                    f"whole groups ({', '.join(map(str, sizes))}; tp_size {max(v.tp_sizes_ok)} re-run clean): {whole}")
+        return (f"Use `{key}: {style}`{partners}: {whole}, and no smaller tp_size that divides it ran clean either "
+                "(the forward also needs the whole output)")
+    if split is not None and len(split.parts) == 2 and split.parts[0] == split.parts[1] and v.style == "colwise":
+        return f"Use `{key}: packed_colwise` (two equal halves, each split across ranks)"
+    return (f"Use `{key}: {style}`{partners} (every rank keeps the whole output) and split the next module's input"
+            + (" (the sharded forward then matches)" if v.fix_style else ""))
+
+
+def _style_fix(v, key: str, module_key: str) -> str:
+    if v.rule is None:
+        return f"Add `{module_key}: {v.fix_style or 'rowwise'}` so that it reduces the split input"
+    verified = " (the sharded forward then matches)" if v.fix_style else ""
+    if v.input_split is True:
+        return f"Use `{key}: {v.fix_style or 'rowwise'}`: its input arrives split by the colwise projections before it"
+    if v.fix_style:
+        return f"Use `{key}: {v.fix_style}`{verified}"
+    if v.input_split is False and v.style and v.style.startswith("rowwise"):
+        return f"Use `{key}: colwise` (its input arrives whole), or `rowwise_split_input` to split it first"
+    return ("Pair the styles: a colwise projection feeds a rowwise one that reduces it; a module fed a whole "
+            "input is colwise (or rowwise_split_input); split heads only where tp_size divides them")
+
+
+def _verdict_finding(v, result: ParityResult, text_prefix: str) -> Finding:
+    """The TPA501 / TPA502 finding of one error verdict."""
+    facts: dict = {"evidence": "parity", "module": v.module, "rule": v.rule, "style": v.style,
+                   "observed_at": v.observed_at, "tp_size": result.tp_size, "ep_size": result.ep_size, "rank": v.rank}
+    if v.exception:
+        facts["exception"] = v.exception
+        how = f"a rank raised {v.exception.split(': ', 1)[-1]}"
+    else:
+        facts["max_abs_error"] = v.max_abs_error
+        err = f"{v.max_abs_error:.3g}" if v.max_abs_error is not None else "an unknown amount"
+        how = f"outputs differ from the unsharded model by up to {err} (tolerance {result.tolerance:g} of their scale)"
+    if v.fix_style:
+        facts["fix_style"] = v.fix_style
+    if v.fix_partners:
+        facts["fix_partners"] = {k: st for k, st in v.fix_partners}
+    if v.together_with:
+        facts["together_with"] = list(v.together_with)
+    where = f"at `{v.observed_at}`" if v.observed_at and v.observed_at != "from_pretrained" else "while loading"
+    small = f"a small {result.model_class or 'model'} on {max(result.tp_size, result.ep_size)} ranks"
+    key = _relative(v.rule or v.module, text_prefix) or "the rule"
+    together = (f"; together with {', '.join(f'`{_relative(t, text_prefix)}`' for t in v.together_with)} in the "
+                "same block") if v.together_with else ""
+    if v.kind == "packed_layout":
+        cut = f" the forward cuts its output into parts ({v.split.action})" if v.split else " its output holds parts"
+        return Finding(
+            code="TPA501", kind="packed_layout", severity="error", target=v.target,
+            message=(f"`{v.module}` is split by `{key}: {v.style}` as one matrix, but{cut}: the sharded forward of "
+                     f"{small} diverges {where} ({how}){together}"),
+            fix=_layout_fix(v, key, result.tp_size, text_prefix), facts=facts)
+    if v.rule is None:
+        message = (f"`{v.module}` receives a split input but no rule splits it (no reduction): the sharded forward of "
+                   f"{small} diverges {where} ({how})")
+    else:
+        message = (f"`{key}: {v.style}` does not fit how the model uses `{v.module}`: the sharded forward of {small} "
+                   f"diverges {where} ({how}){together}")
+    return Finding(code="TPA502", kind="style_mismatch", severity="error", target=v.target, message=message,
+                   fix=_style_fix(v, key, _relative(v.module, text_prefix) or v.module), facts=facts)

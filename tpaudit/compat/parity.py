@@ -1,8 +1,10 @@
-"""Private torch and transformers internals the parity check needs, in one place (transformers 5.23, torch 2.13).
+"""Every torch and transformers piece the parity check (`tpaudit.evidence`) touches, in one place (transformers
+5.23-5.24, torch 2.13-2.14).
 
-The parity check (`tpaudit.parity`) runs `tp_size` ranks as threads of this process on torch's multi-threaded
-process group, loading the model with the public `from_pretrained(..., distributed_config=...)`. Making that work
-takes a few private pieces, all here:
+The parity check runs `tp_size` ranks as threads of this process on torch's multi-threaded process group, loading a
+small model with the public `from_pretrained(..., distributed_config=...)`, and follows tensors through one forward
+with a `TorchFunctionMode`. Making that work takes a few private pieces, all here, each listed in `CAPABILITIES`
+(probed at start-up with the rest of the seam, `compat.backend()`):
 
 - torch's multi-threaded process group (`torch.testing._internal.distributed.multi_threaded_pg`): its install /
   uninstall of a thread-local `torch.distributed` world, the `threaded` backend it registers, and the hook that wakes
@@ -13,9 +15,11 @@ takes a few private pieces, all here:
   weights in a worker thread pool, whose threads do not belong to any rank's world;
 - the model class's `prepare_distribute_model` (`distributed/mixin.py`), wrapped so that ranks load one at a time
   once their device mesh exists: the contexts `get_init_context` returns patch process-wide state
-  (`PreTrainedModel.tie_weights`, `torch.linspace`, the default dtype), which another rank's load would read.
+  (`PreTrainedModel.tie_weights`, `torch.linspace`, the default dtype), which another rank's load would read;
+- `torch.utils.weak.WeakIdKeyDictionary` (tensors keyed by identity while a trace follows them), DTensor's local
+  shards, and transformers' progress-bar switches, auto class tables and `AutoConfig.for_model`.
 
-Outside the tested releases these may change; the seam's capability probes (`compat.backend()`) guard the whole tool.
+The rest of the parity check imports only public torch tensor operations (`torch.arange`, `torch.no_grad`, ...).
 """
 
 from __future__ import annotations
@@ -25,12 +29,39 @@ import os
 import threading
 from typing import Any, Iterator
 
-__all__ = ["threaded_world", "init_rank", "leave_rank", "wake_ranks", "serialized_loading", "TERMINATED"]
+from ._probe import Capability
+
+__all__ = ["CAPABILITIES", "threaded_world", "init_rank", "leave_rank", "wake_ranks", "serialized_loading",
+           "TERMINATED", "function_mode", "weak_id_dict", "local_tensor", "sharded_local", "cannot_host_ranks",
+           "no_progress_bars", "config_for_model", "model_class", "text_route", "decoder_class_names"]
+
+CAPABILITIES = (
+    Capability("torch.testing._internal.distributed.multi_threaded_pg", "_install_threaded_pg"),
+    Capability("torch.testing._internal.distributed.multi_threaded_pg", "_uninstall_threaded_pg"),
+    Capability("torch.testing._internal.distributed.multi_threaded_pg", "ProcessLocalGroup.reset"),
+    Capability("torch.testing._internal.distributed.multi_threaded_pg", "ProcessLocalGroup.exception_handle"),
+    Capability("torch._C._distributed_c10d", "_set_thread_isolation_mode"),
+    Capability("torch.utils.weak", "WeakIdKeyDictionary"),
+    Capability("torch.overrides", "TorchFunctionMode"),
+    Capability("torch.distributed", "HashStore"),
+    Capability("torch.distributed.tensor", "Replicate"),
+    Capability("transformers.distributed.mixin", "DistributedMixin.prepare_distribute_model",
+               ("distributed_config", "device_map")),
+    Capability("transformers.distributed", "DistributedConfig", ("tp_size", "ep_size", "tp_plan", "ep_plan")),
+    Capability("transformers.utils.logging", "is_progress_bar_enabled"),
+    Capability("transformers.utils.logging", "disable_progress_bar"),
+    Capability("transformers.utils.logging", "enable_progress_bar"),
+    Capability("transformers", "AutoConfig.for_model", ("model_type",)),
+)
+"""What the parity check calls, probed with the rest of the seam (`Transformers523.CAPABILITIES`)."""
 
 TERMINATED = "Test termination event occurs."
 """The `SystemExit` message a rank gets when another rank failed and woke it from a collective."""
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Threaded ranks
+# ----------------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def threaded_world() -> Iterator[Any]:
     """Install torch's multi-threaded process group for the duration of the block and yield the store the ranks
@@ -143,3 +174,124 @@ def serialized_loading(model_class) -> Iterator[_LoadLock]:
             model_class.prepare_distribute_model = original
         PreTrainedModel.tie_weights, PreTrainedModel.init_weights, torch.linspace = saved[:3]
         torch.set_default_dtype(saved[3])
+
+
+def cannot_host_ranks() -> str | None:
+    """Why the ranks cannot run as threads of this process (`None` when they can): a process group already
+    initialised here (under torchrun, or inside `strict_tp`), or an accelerator transformers would place the ranks
+    on."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "this process already belongs to a process group"
+    if getattr(torch, "accelerator", None) is not None and torch.accelerator.is_available():
+        return "an accelerator is visible (the check runs on the CPU)"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Following tensors
+# ----------------------------------------------------------------------------------------------------------------------
+def function_mode():
+    """torch's `TorchFunctionMode` base class: a subclass's `__torch_function__` sees every torch function call made
+    inside `with Mode():` (`torch.overrides`)."""
+    from torch.overrides import TorchFunctionMode
+
+    return TorchFunctionMode
+
+
+def weak_id_dict():
+    """A dict keyed by tensor identity that does not keep its keys alive (`torch.utils.weak.WeakIdKeyDictionary`)."""
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    return WeakIdKeyDictionary()
+
+
+def local_tensor(x):
+    """The rank's local shard of a DTensor, else `x` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return x.to_local() if isinstance(x, DTensor) else x
+
+
+def sharded_local(p):
+    """The local shard of a parameter some placement shards on this rank (a DTensor that is not replicated on every
+    mesh dimension), else `None`."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if isinstance(p, DTensor) and any(not isinstance(pl, Replicate) for pl in p.placements):
+        return p.to_local()
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# transformers' model classes and configs
+# ----------------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def no_progress_bars():
+    """transformers' progress bars off for the block (then as they were)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def config_for_model(model_type: str, values: dict):
+    """`AutoConfig.for_model(model_type, **values)`: a config rebuilt from its `to_dict()` (the parity subprocess).
+
+    Raises:
+        ValueError: transformers does not know `model_type`.
+    """
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **values)
+
+
+def model_class(model_class):
+    """The transformers model class `model_class` names (a class, or its name in `transformers`), else `None`."""
+    from transformers import PreTrainedModel
+
+    from . import backend
+
+    if isinstance(model_class, str):
+        return backend().model_class_by_name(model_class)
+    if isinstance(model_class, type) and issubclass(model_class, PreTrainedModel):
+        return model_class
+    return None
+
+
+def decoder_class_names(text_config) -> list[str]:
+    """Model classes that can run a text config on its own, most useful first: its causal LM, then its base model.
+
+    Source: transformers 5.23 `models/auto/modeling_auto.py` (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`,
+    `MODEL_MAPPING_NAMES`), through `Transformers523.model_class_names` without the image-text-to-text table (a text
+    config's own classes)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    names = []
+    for mapping in (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_MAPPING_NAMES):
+        name = mapping.get(text_config.model_type)
+        if isinstance(name, (list, tuple)):
+            name = name[0]
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def text_route(config) -> tuple[Any, bool]:
+    """`(text_config, composite)`: the config whose plan the base model follows (the decoder's text config of a
+    composite model, else `config`), and whether it differs from `config`.
+
+    Source: transformers 5.23 `PretrainedConfig.get_text_config(decoder=True)` (`Transformers523.text_config`)."""
+    from . import backend
+
+    try:
+        text, _ = backend().text_config(config)
+    except AttributeError:
+        return config, False
+    return text, text is not config

@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from . import _torch, loading
+from . import parity as _parity
 from ._probe import Capability, missing
 from ._types import (ConfigReadError, EmptyPlanError, ModuleFacts, PlanRejectedError, Placement, QuantizationInfo,
                      Renamer, ShardedParam)
@@ -70,7 +71,7 @@ class Transformers523:
         Capability("transformers.models.auto.modeling_auto", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
         Capability("transformers.models.auto.modeling_auto", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
         Capability("transformers.models.auto.modeling_auto", "MODEL_MAPPING_NAMES"),
-    ) + _torch.CAPABILITIES + loading.CAPABILITIES
+    ) + _torch.CAPABILITIES + loading.CAPABILITIES + _parity.CAPABILITIES
 
     def __init__(self, versions: dict[str, str], tested: bool):
         self.versions = dict(versions)

@@ -7,7 +7,7 @@ def parity_verdict(parity) -> tuple[str, str]:
     """The parity section as `(kind, sentence)`, kind one of `"pass"`, `"fail"`, `"error"`, `"skipped"`,
     `"inconclusive"`.
 
-    `parity` is a `tpaudit.parity.ParityResult` (or the report's section of that shape): `ran` False is a check that
+    `parity` is a `tpaudit.model.ParityResult` (or the report's section of that shape): `ran` False is a check that
     did not run (its `reason` says why: not needed, `--no-parity`, ...), never a divergence; `error` set is a rank
     that raised (the exception is the verdict, with the module it was running); `passed` None after a run is a run
     that compared nothing.
