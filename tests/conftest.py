@@ -194,8 +194,6 @@ def _share_fixture_builds():
         key = (id(self.built), repr(sizes), repr(sorted(kwargs.items())), repr(sorted(self.versions.items())))
         if key not in reports:
             reports[key] = real_report(self, sizes, **kwargs)
-        else:  # a report leaves its plan active on the build (`Audit.report` -> `use_plan`): so does a saved one
-            self.built.use_plan(kwargs.get("plan"))
         return reports[key]
 
     tpaudit.audit.build_model, tpaudit.audit.Audit.report = build_model, report

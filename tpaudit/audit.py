@@ -68,8 +68,7 @@ class Audit:
         """
         options = options or CheckOptions()
         built = self.built
-        built.use_plan(plan)
-        resolved = resolve_plan(built, sizes, dist_overrides)
+        resolved = resolve_plan(built, sizes, dist_overrides, plan=plan)
         shard_map = simulate(built, resolved)
         if proposed is None:
             proposed = plan is not None or self.options.plan_override is not None

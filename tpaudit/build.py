@@ -16,8 +16,8 @@ The steps follow transformers 5.23 `PreTrainedModel.from_pretrained`, each throu
    then `hf_quantizer.preprocess_model` (module replacement; the quantizer extends the TP/EP plans).
 6. The `_keep_in_fp32_modules(_strict)` dtype plan, then the checkpoint mapping (`mapping.map_checkpoint`).
 
-The model is built once per run: every (tp_size, ep_size) option, every suggested plan (`BuiltModel.use_plan`) and
-the guard reuse it, because the simulation does not consume it.
+The model is built once per run: every (tp_size, ep_size) option, every suggested plan (a value handed to
+`plan.resolve_plan`) and the guard reuse it, because neither the resolution nor the simulation changes it.
 """
 
 from __future__ import annotations
@@ -68,9 +68,11 @@ class BuildOptions:
     gpu_view: bool = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuiltModel:
-    """The meta-device model and what it took to build it: the facts every later stage reads.
+    """The meta-device model and what it took to build it: the facts every later stage reads. Frozen: nothing changes
+    it after `build_model` (a candidate plan is a value handed to `plan.resolve_plan`; the meta model itself is only
+    changed for the duration of a resolution or a sharding, and put back).
 
     Attributes:
         source (`ModelSource`): what was read.
@@ -88,7 +90,9 @@ class BuiltModel:
         modules (`dict[str, ModuleFacts]`): concrete module name -> facts, read before any sharding.
         lm_head_names (`tuple[str, ...]`): parameters of the output embedding.
         original_plan (`dict[str, str]`): the base plan the model was built with.
-        notes (`list[str]`): facts the report repeats.
+        build_override (`dict[str, str]`, *optional*): that plan, when it is a `--plan` rather than the shipped one.
+        instance_plans (`tuple[dict, dict]`, *optional*): a model object's own merged TP and EP plans.
+        notes (`tuple[str, ...]`): facts the report repeats.
     """
 
     source: ModelSource
@@ -107,8 +111,7 @@ class BuiltModel:
     original_plan: dict[str, str] = field(default_factory=dict)
     build_override: dict[str, str] | None = None
     instance_plans: tuple[dict, dict] | None = None
-    notes: list[str] = field(default_factory=list)
-    _active: dict[str, str] | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def text_config(self):
@@ -128,36 +131,6 @@ class BuiltModel:
     def owner_class(self) -> str:
         """The config class whose `base_model_tp_plan` a fix edits (`Qwen3VLMoeTextConfig`)."""
         return type(self.owner_config).__name__
-
-    @property
-    def active_override(self) -> dict[str, str] | None:
-        """The `base_model_tp_plan` in force when it is not the one transformers ships (a `--plan`, a candidate)."""
-        return dict(self._active) if self._active is not None else self.build_override
-
-    @property
-    def base_plan(self) -> dict[str, str]:
-        """The `base_model_tp_plan` in force (relative keys)."""
-        return dict(self._active) if self._active is not None else dict(self.original_plan)
-
-    def use_plan(self, plan: dict[str, str] | None) -> None:
-        """Make `plan` (relative keys; `None` = the plan it was built with) the model's `base_model_tp_plan` and
-        merge the plans again with transformers' own `init_parallel_plans` (no module is rebuilt). For a model object
-        built with its own merged plans, `None` puts those back.
-
-        Raises:
-            PlanError: a style transformers does not register, or a malformed key.
-        """
-        if plan == self._active:
-            return
-        tf = backend()
-        if plan is None:
-            tf.replan(self.model, self.owner_config, self.original_plan, self.quantizer)
-            if self.instance_plans is not None:
-                tf.set_merged_plans(self.model, *self.instance_plans)
-        else:
-            validate_plan(plan)
-            tf.replan(self.model, self.owner_config, dict(plan), self.quantizer)
-        self._active = dict(plan) if plan is not None else None
 
 
 def load_plan_file(path: str) -> dict[str, str]:
@@ -468,7 +441,7 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
                        plan_owner=owner_path, owner_config=owner, quantizer=quantizer, quantization=qinfo,
                        mapping=mapping, modules=modules, lm_head_names=lm_head, original_plan=original_plan,
                        build_override=dict(options.plan_override) if options.plan_override is not None else None,
-                       instance_plans=tf.merged_plans(model) if options.instance_plans else None, notes=notes)
+                       instance_plans=tf.merged_plans(model) if options.instance_plans else None, notes=tuple(notes))
     return built
 
 

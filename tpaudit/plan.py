@@ -35,7 +35,10 @@ class ResolvedPlan:
         unused_ep_rules (`tuple[str, ...]`): EP rule keys that name nothing (only when `ep_size > 1`).
         dropped_tp_rules (`tuple[str, ...]`): TP rules dropped because an EP rule covers their module.
         injected_rules (`dict[str, str]`): rules transformers added itself (`embed_tokens: embedding_rowwise`).
-        override (`dict[str, str]`, *optional*): the `--plan` rules as given, keys relative to the base model.
+        override (`dict[str, str]`, *optional*): the plan under review when it is not the one transformers ships (a
+            `--plan`, a candidate of `--suggest`), keys relative to the base model.
+        base_plan (`dict[str, str]`): the `base_model_tp_plan` in force for this resolution (relative keys): the
+            candidate, else the plan the model was built with.
         text_prefix (`str`): path of the base model the plan keys are relative to (`model.language_model`).
         plan_owner (`str`): the config that owns `base_model_tp_plan` (`text_config`, or `""` for the top config).
         loader_errors (`tuple[str, ...]`): what `from_pretrained` itself would raise for this plan (an empty TP plan).
@@ -58,6 +61,7 @@ class ResolvedPlan:
     loader_errors: tuple[str, ...] = field(default=())
     dist_overrides: dict | None = None
     resolution: tuple | None = field(default=None, repr=False, compare=False)
+    base_plan: dict[str, str] = field(default_factory=dict)
 
     @property
     def tp_size(self) -> int:
@@ -105,14 +109,18 @@ def _parameter_rule(name: str, rules: dict[str, str]) -> str | None:
     return parameter_rule(name, rules)
 
 
-def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None) -> ResolvedPlan:
+def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None, *,
+                 plan: dict[str, str] | None = None) -> ResolvedPlan:
     """Resolve `built.model`'s plans for `sizes` with transformers' own code.
 
     Args:
-        built (`BuiltModel`): from `build.build_model` (its current plan: see `BuiltModel.use_plan`).
+        built (`BuiltModel`): from `build.build_model`; not changed (a candidate plan is merged for this resolution
+            only, `compat` `plan_in_force`).
         sizes (`ParallelSizes`): validated sizes.
         dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides (merged by
             transformers into the model's plans, as at load).
+        plan (`dict[str, str]`, *optional*): a `base_model_tp_plan` to resolve instead of the one the model was built
+            with (relative keys); it comes back as `ResolvedPlan.base_plan` and `.override`.
 
     Returns:
         `ResolvedPlan`. An empty TP plan at `tp_size > 1` is not an exception: `loader_errors` carries what
@@ -122,6 +130,16 @@ def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None
         UsageError: transformers refuses the sizes or the plan (an `ep_size` without an EP plan, an EP size it does not
             accept, a removed style), quoting it.
     """
+    if plan is not None:
+        from .build import validate_plan
+
+        validate_plan(plan)
+    tf = backend()
+    with tf.plan_in_force(built.model, built.owner_config, plan, built.quantizer):
+        return _resolve(built, sizes, dist_overrides, plan)
+
+
+def _resolve(built, sizes: ParallelSizes, dist_overrides: dict | None, plan: dict[str, str] | None) -> ResolvedPlan:
     tf = backend()
     model = built.model
     try:
@@ -154,14 +172,15 @@ def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None
     prefix = built.text_prefix
     injected = {}
     key = f"{prefix}.embed_tokens" if prefix else "embed_tokens"
-    if key in tp_rules and "embed_tokens" not in tf.base_plan(built.owner_config):
+    base = dict(plan) if plan is not None else dict(built.original_plan)
+    if key in tp_rules and "embed_tokens" not in base:
         injected[key] = tp_rules[key]
     return ResolvedPlan(sizes=sizes, tp_rules=tp_rules, ep_rules=ep_rules, applied_tp=applied_tp,
                         applied_ep=applied_ep, unused_tp_rules=unused_tp, unused_ep_rules=unused_ep,
                         dropped_tp_rules=dropped, injected_rules=injected,
-                        override=built.active_override,
+                        override=dict(plan) if plan is not None else built.build_override,
                         text_prefix=prefix, plan_owner=built.plan_owner, loader_errors=tuple(loader_errors),
-                        dist_overrides=dist_overrides, resolution=resolution)
+                        dist_overrides=dist_overrides, resolution=resolution, base_plan=base)
 
 
 __all__ = ["ResolvedPlan", "resolve_plan", "generic_name"]

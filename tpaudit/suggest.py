@@ -200,7 +200,7 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
     (`suggest_rules`), applied to the same built model and re-simulated (`Audit.report` with the candidate plan), the
     before/after compared. A second round proposes rules for what the first left replicated (transformers adds
     `embed_tokens: embedding_rowwise` by itself once a plan exists, so the input embedding is only proposed when that
-    did not happen). The model is put back on its own plan afterwards.
+    did not happen). Each candidate is a value handed to the resolution: the built model never changes.
 
     Args:
         audit (`Audit`): the pipeline that produced `report` (its built model is reused, not rebuilt).
@@ -221,7 +221,7 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
         injected = report.plan["injected_rules"]
         base_plan = {k[len(prefix):]: v for k, v in tp_rules.items() if k.startswith(prefix) and k not in injected}
     else:
-        base_plan = built.base_plan
+        base_plan = dict(built.original_plan)
     layouts = {built.relative_key(_generic(name)): f for name, f in built.modules.items()
                if f.is_transposed or f.is_concatenated is False}
 
@@ -244,15 +244,12 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
                   before=summary(report))
     if suggestions:
         plan = {**base_plan, **{s.key: s.style for s in suggestions}}
-        try:
+        after = rerun(plan)
+        more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts)
+        if more:
+            suggestions += more
+            plan.update({s.key: s.style for s in more})
             after = rerun(plan)
-            more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts)
-            if more:
-                suggestions += more
-                plan.update({s.key: s.style for s in more})
-                after = rerun(plan)
-        finally:
-            built.use_plan(None)
         before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
         fields.update(
             unresolved=sorted({str(u) for u in unresolved} | {str(u) for u in unresolved_more}),

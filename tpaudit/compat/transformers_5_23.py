@@ -667,6 +667,40 @@ class Transformers523:
                 quantizer.update_parallel_plan(model, model.tp_plan)
                 quantizer.update_parallel_plan(model, model.ep_plan)
 
+    @contextlib.contextmanager
+    def plan_in_force(self, model, owner_config, base_plan: dict[str, str] | None, quantizer):
+        """Make `base_plan` (relative keys) the model's `base_model_tp_plan` and merge the plans again (`replan`) for
+        the duration of the block, then put back every plan attribute of every `PreTrainedModel` in the model and the
+        config's own `base_model_tp_plan`: a candidate plan is a value handed to one resolution, never state left on
+        the built model. `None` leaves the model's own plans in force.
+
+        Source: transformers 5.23 `DistributedMixin.init_parallel_plans` (sets `_tp_plan`, `_ep_plan`, `_pp_plan`,
+        `_fsdp_plan` on each `PreTrainedModel`).
+        """
+        if base_plan is None:
+            yield
+            return
+        from transformers import PreTrainedModel
+
+        keys = ("_tp_plan", "_ep_plan", "_pp_plan", "_fsdp_plan")
+        saved = [(m, {k: m.__dict__[k] for k in keys if k in m.__dict__})
+                 for _, m in model.named_modules() if isinstance(m, PreTrainedModel)]
+        had, old = "base_model_tp_plan" in owner_config.__dict__, owner_config.__dict__.get("base_model_tp_plan")
+        try:
+            self.replan(model, owner_config, base_plan, quantizer)
+            yield
+        finally:
+            for m, state in saved:
+                for k in keys:
+                    if k in state:
+                        m.__dict__[k] = state[k]
+                    else:
+                        m.__dict__.pop(k, None)
+            if had:
+                owner_config.__dict__["base_model_tp_plan"] = old
+            else:
+                owner_config.__dict__.pop("base_model_tp_plan", None)
+
     def base_plan(self, owner_config) -> dict[str, str]:
         """`base_model_tp_plan` of the config that owns the base model's plan (a copy; `{}` when it has none)."""
         return dict(getattr(owner_config, "base_model_tp_plan", None) or {})

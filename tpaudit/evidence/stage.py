@@ -105,7 +105,7 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
     cache = open_cache()
     limited = head_limited(built, shard_map, resolved.tp_size)
     if cache is not None:
-        facts = cache_inputs(config=built.config, model_class=built.architecture, plan=_plan(built),
+        facts = cache_inputs(config=built.config, model_class=built.architecture, plan=_plan(resolved),
                              tp_size=resolved.tp_size, ep_size=resolved.ep_size, checkpoint_names=_keys(built),
                              head_limited=limited, why=why or "auto")
         key = digest(facts)
@@ -121,10 +121,10 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
 
 def _auto(built, resolved, shard_map, limited) -> ParityResult:
     """The check by itself: when the trace finds a split output the forward cuts into parts."""
-    small = small_model(built.config, built.architecture, _plan(built), resolved.tp_size,
+    small = small_model(built.config, built.architecture, _plan(resolved), resolved.tp_size,
                         checkpoint_keys=_keys(built))
     try:
-        found = split_outputs(built.config, built.architecture, _plan(built), resolved.tp_size, small=small)
+        found = split_outputs(built.config, built.architecture, _plan(resolved), resolved.tp_size, small=small)
         if not found:
             return _not_needed(resolved)
         names = ", ".join(f"`{s.module}` ({s.style})" for s in found[:3])
@@ -179,9 +179,9 @@ def _run(built, resolved, reason: str, small=None, shard_map=None, limited=None)
     """Run the parity check for this option (`run_parity`, the checkpoint's own layout) and say why it ran."""
     if limited is None and shard_map is not None:
         limited = head_limited(built, shard_map, resolved.tp_size)
-    result = run_parity(built.config, built.architecture, _plan(built), resolved.tp_size, resolved.ep_size,
+    result = run_parity(built.config, built.architecture, _plan(resolved), resolved.tp_size, resolved.ep_size,
                         checkpoint_keys=_keys(built), small=small, head_limited=limited)
-    result = _real_names(built, result)
+    result = _real_names(built, resolved, result)
     return dataclasses.replace(result, reason=f"{reason}; {result.reason}",
                                verdicts=result.verdicts + _outside(built, resolved, result))
 
@@ -212,7 +212,7 @@ def _outside(built, resolved, result: ParityResult) -> tuple[RuleVerdict, ...]:
     return tuple(out)
 
 
-def _real_names(built, result: ParityResult) -> ParityResult:
+def _real_names(built, resolved, result: ParityResult) -> ParityResult:
     """The small model of a composite model is its text decoder alone (`layers.*.x`): name modules and rules as the
     real model does (`model.language_model.layers.*.x`), so findings point at what a user edits."""
     from ..compat import backend
@@ -231,7 +231,7 @@ def _real_names(built, result: ParityResult) -> ParityResult:
             if candidate and candidate in names:
                 return candidate
         if rules is None:
-            rules = resolved_rules(built)
+            rules = resolved_rules(resolved)
         return next((c for c in (f"{prefix}.{name}", f"{prefix}.{own}" if own else None) if c and c in rules), name)
 
     split = tuple(dataclasses.replace(s, module=real(s.module), rule=real(s.rule)) for s in result.split)
@@ -246,16 +246,14 @@ def _real_names(built, result: ParityResult) -> ParityResult:
                                verdicts=verdicts)
 
 
-def resolved_rules(built) -> set[str]:
-    """Every key of the built model's merged TP and EP plans."""
-    from ..compat import backend
-
-    tp, ep = backend().merged_plans(built.model)
-    return set(tp) | set(ep)
+def resolved_rules(resolved) -> set[str]:
+    """Every key of the merged TP and EP plans of one resolution (`ResolvedPlan`)."""
+    return set(resolved.tp_rules) | set(resolved.ep_rules)
 
 
-def _plan(built) -> dict | None:
-    return built.base_plan if built.active_override is not None else None
+def _plan(resolved) -> dict | None:
+    """The plan under review, when it is not the one transformers ships (the small model is built with it)."""
+    return dict(resolved.base_plan) if resolved.override is not None else None
 
 
 def _keys(built):
