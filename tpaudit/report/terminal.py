@@ -7,13 +7,13 @@ snippets (`--suggest`) are printed unwrapped."""
 from __future__ import annotations
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from ._inert import terminal as inert
 from .wording import parity_verdict, rank_spread
 from . import renderer
 
@@ -34,14 +34,16 @@ def _summary(report: Report, unit: str) -> Table:
     t.add_column(style="bold")
     t.add_column()
     m = report.model
-    t.add_row("model", f"{escape(m['ref'])}  ({m.get('model_type')}, {m.get('architecture')}, {m.get('dtype')})")
+    t.add_row("model", Text(f"{inert(m['ref'])}  ({inert(m.get('model_type'))}, {inert(m.get('architecture'))}, "
+                            f"{inert(m.get('dtype'))})"))
     if m.get("repo_id"):
         where = "Hub repo" if m.get("kind") == "hub" else "recorded from"
         rev = m.get("commit") or m.get("revision")
-        t.add_row("source", f"{where} {escape(m['repo_id'])}" + (f" @ {rev}" if rev else " (revision not recorded)"))
+        t.add_row("source", Text(f"{where} {inert(m['repo_id'])}" + (f" @ {inert(rev)}" if rev else
+                                                                      " (revision not recorded)")))
     t.add_row("parallelism", f"tp_size {sm.tp_size}, ep_size {sm.ep_size}, world size {sm.world_size}")
     if m.get("bytes_caveat"):
-        t.add_row("caveat", Text(m["bytes_caveat"], style="bold yellow"))
+        t.add_row("caveat", Text(inert(m["bytes_caveat"]), style="bold yellow"))
     t.add_row("model bytes", f"{format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)})")
     ranks = sm.rank_param_bytes
     worst = sm.worst_rank
@@ -55,10 +57,10 @@ def _summary(report: Report, unit: str) -> Table:
                                f", {plural(report.count('note'), 'note')}",
                                style="bold red" if report.has_errors else ""))
     if report.versions.get("untested"):
-        t.add_row("transformers", Text(report.versions["untested"], style="yellow"))
+        t.add_row("transformers", Text(inert(report.versions["untested"]), style="yellow"))
     if report.parity is not None:
         kind, sentence = parity_verdict(report.parity)
-        t.add_row("parity", Text(sentence, style=_PARITY_STYLE[kind]))
+        t.add_row("parity", Text(inert(sentence), style=_PARITY_STYLE[kind]))
     return t
 
 
@@ -68,11 +70,11 @@ def _findings_table(report: Report) -> Table:
     t.add_column("code")
     t.add_column("message", overflow="fold")
     for f in report.findings:
-        body = Text(f.message)
+        body = Text(inert(f.message))
         if f.fix:
             body.append("\nfix: ", style="bold")
-            body.append(f.fix)
-        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, body)
+            body.append(inert(f.fix))
+        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), Text(f.code), body)
     return t
 
 
@@ -85,7 +87,7 @@ def _replicated_table(report: Report, unit: str) -> Table:
     t.add_column("severity")
     for fam in report.replicated[:REPLICATED_ROWS]:
         style = _SEVERITY_STYLE.get(fam.severity or "", "dim")
-        t.add_row(format_bytes(fam.bytes, unit), str(fam.count), Text(fam.name, style=style),
+        t.add_row(format_bytes(fam.bytes, unit), str(fam.count), Text(inert(fam.name), style=style),
                   Text(fam.severity or "-", style=style))
     if len(report.replicated) > REPLICATED_ROWS:
         rest = report.replicated[REPLICATED_ROWS:]
@@ -106,8 +108,8 @@ def _families_table(report: Report, unit: str, rows: int) -> Table:
     t.add_column("styles", overflow="fold")
     t.add_column("replicated", justify="right")
     for f in families[:rows]:
-        t.add_row(format_bytes(f.worst_rank_bytes, unit), format_bytes(f.total_bytes, unit), f.name, str(f.params),
-                  ", ".join(f.styles), Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes
+        t.add_row(format_bytes(f.worst_rank_bytes, unit), format_bytes(f.total_bytes, unit), Text(inert(f.name)),
+                  str(f.params), Text(inert(", ".join(f.styles))), Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes
                   else Text("-", style="dim"))
     if len(families) > rows:
         rest = families[rows:]
@@ -141,11 +143,11 @@ def _params_table(report: Report, unit: str, width: int) -> Table:
     for g in report.groups:
         mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
         style = "red" if g.generic_name in errors else ""
-        tied = f" (tied to {g.tied_to})" if g.tied_to else ""
+        tied = f" (tied to {inert(g.tied_to)})" if g.tied_to else ""
         local = g.local_shape_rank0 if worst == 0 else g.first.local_shapes[worst]
-        row = [mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-"]
+        row = [mark, Text(inert(g.generic_name) + tied, style=style), str(g.count), Text(inert(g.style or "-"))]
         if wide:
-            row += [_shape(g.global_shape), g.dtype]
+            row += [_shape(g.global_shape), Text(inert(g.dtype))]
         row.append(_shape(local))
         if wide:
             row.append(format_bytes(g.total_bytes, unit))
@@ -171,24 +173,25 @@ def render(report: Report, console: Console, *, unit: str = "GiB", params: str =
     elif params == "families":
         console.print(_families_table(report, unit, FAMILY_ROWS))
     if report.unused_rules:
-        console.print(Text("Rules that match nothing: ", style="bold") + Text(", ".join(report.unused_rules)))
+        console.print(Text("Rules that match nothing: ", style="bold") + Text(inert(", ".join(report.unused_rules))))
     if report.kv_cache is not None:
         console.print(_kv(report.kv_cache))
     if report.suggestion is not None:
         _suggestion(report.suggestion, unit, console)
     if report.baseline is not None:
-        console.print(Text(f"baseline {report.baseline.file}: {report.baseline.suppressed} known finding(s) not shown",
+        console.print(Text(f"baseline {inert(report.baseline.file)}: {report.baseline.suppressed} known finding(s) "
+                           "not shown",
                            style="dim"))
     if report.notes:
-        console.print(Group(*[Text("note: ", style="dim bold") + Text(n, style="dim") for n in report.notes]))
+        console.print(Group(*[Text("note: ", style="dim bold") + Text(inert(n), style="dim") for n in report.notes]))
 
 
 def _kv(section) -> Text:
     per_rank = section.bytes_per_token_per_rank
     worst = max(per_rank) if per_rank else 0
-    layers = ", ".join(f"{n} {k}" for k, n in sorted(section.layers.items()))
+    layers = inert(", ".join(f"{n} {k}" for k, n in sorted(section.layers.items())))
     text = Text("KV cache: ", style="bold")
-    text.append(f"{format_int(worst)} B per token on the worst rank ({section.dtype}; KV heads: "
+    text.append(f"{format_int(worst)} B per token on the worst rank ({inert(section.dtype)}; KV heads: "
                 f"{section.kv_heads} in all, {_heads(section.kv_heads_per_rank)} per rank; layers: {layers}")
     if section.windows:
         text.append(f"; sliding windows {section.windows} tokens")
@@ -208,9 +211,9 @@ def _suggestion(section, unit: str, console: Console) -> None:
             f"(re-simulated: worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
             f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
         # Meant to be copied: never wrapped or cropped at the terminal's width.
-        console.print(section.snippet.rstrip(), soft_wrap=True, markup=False, highlight=False)
+        console.print(Text(inert(section.snippet.rstrip(), keep_newlines=True)), soft_wrap=True, highlight=False)
     else:
         console.print(Text("No rule to suggest: no sibling architecture shards the replicated families.",
                            style="bold"))
     for item in section.unresolved:
-        console.print(Text("not proposed: ", style="dim bold") + Text(item, style="dim"))
+        console.print(Text("not proposed: ", style="dim bold") + Text(inert(item), style="dim"))
