@@ -251,7 +251,7 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
     """Scan `selected` model types (default: all) at `tp_size` with `jobs` worker processes.
 
     Raises:
-        UsageError: an unknown model type, or an invalid tp_size.
+        UsageError: an unknown model type, an invalid tp_size, or jobs below 1.
         UnsupportedVersionError: the installed transformers lacks what the seam calls.
     """
     import multiprocessing
@@ -263,6 +263,8 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
 
     start = time.perf_counter()
     ParallelSizes.of(tp_size)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UsageError(f"jobs={jobs!r} is invalid: pass 1 or more worker processes, or None for the CPU count")
     versions = installed_versions()
     all_types = model_types()
     if selected:

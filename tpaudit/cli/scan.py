@@ -40,9 +40,20 @@ def scan(
 
     from ..model import ParallelSizes
 
+    import sys
+
+    from ..errors import UsageError
+
     get("scan", format)
     ParallelSizes.of(tp, names=("--tp", "--ep"))  # the size in the flag's own words before any work
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs} is invalid: pass 1 or more worker processes (default: the CPU count)")
     report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
     emit("scan", format, report, output)
+    if output is not None:
+        from ..units import plural
+
+        print(f"tpaudit: wrote the scan of {plural(len(report.models), 'model type')} ({format}) to {output}",
+              file=sys.stderr)
     gated = report.models if (model_type or strict) else []
     return 1 if any(m.failing for m in gated) else 0
