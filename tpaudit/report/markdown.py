@@ -63,7 +63,9 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
         lines += ["", "</details>"]
     if report.unused_rules:
         lines += ["", "<details><summary>Rules that match nothing</summary>", ""]
-        lines += [f"- {code(r, table=False)}" for r in report.unused_rules]
+        lines += [f"- {code(r, table=False)}" for r in report.unused_rules[:max_rows]]
+        if len(report.unused_rules) > max_rows:
+            lines.append(f"- and {len(report.unused_rules) - max_rows:,} more: `--format json` lists them all")
         lines += ["", "</details>"]
     if report.suggestion is not None and report.suggestion.snippet:
         lines += ["", "#### Suggested plan", "", *fenced(report.suggestion.snippet.rstrip(), "python")]

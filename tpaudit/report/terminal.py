@@ -22,6 +22,10 @@ _PARITY_STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip
 _SHARDING_MARK = {"sharded": "", "replicated_by_rule": "=", "unsharded": "✗"}
 FAMILY_ROWS = 12
 REPLICATED_ROWS = 8
+FINDING_ROWS = 60
+"""Findings drawn as rows (errors first); the rest are counted in one line. A plan of 300,000 dead rules is 300,000
+TPA002 warnings: drawing them all took minutes and GBs, and no one reads them on a terminal (`--format json`)."""
+UNUSED_RULES_SHOWN = 20
 
 
 def _shape(shape) -> str:
@@ -69,12 +73,20 @@ def _findings_table(report: Report) -> Table:
     t.add_column("severity")
     t.add_column("code")
     t.add_column("message", overflow="fold")
-    for f in report.findings:
+    for f in report.findings[:FINDING_ROWS]:
         body = Text(inert(f.message))
         if f.fix:
             body.append("\nfix: ", style="bold")
             body.append(inert(f.fix))
         t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), Text(f.code), body)
+    rest = report.findings[FINDING_ROWS:]
+    if rest:
+        counts: dict[str, int] = {}
+        for f in rest:
+            counts[f"{f.severity} {f.code}"] = counts.get(f"{f.severity} {f.code}", 0) + 1
+        t.add_row("", "", Text(f"and {format_int(len(rest))} more: "
+                               + ", ".join(f"{n:,} {k}" for k, n in counts.items())
+                               + " (--format json lists them all)", style="dim"))
     return t
 
 
@@ -173,7 +185,10 @@ def render(report: Report, console: Console, *, unit: str = "GiB", params: str =
     elif params == "families":
         console.print(_families_table(report, unit, FAMILY_ROWS))
     if report.unused_rules:
-        console.print(Text("Rules that match nothing: ", style="bold") + Text(inert(", ".join(report.unused_rules))))
+        shown = report.unused_rules[:UNUSED_RULES_SHOWN]
+        more = len(report.unused_rules) - len(shown)
+        console.print(Text("Rules that match nothing: ", style="bold") + Text(inert(", ".join(shown)))
+                      + Text(f" and {format_int(more)} more" if more else "", style="dim"))
     if report.kv_cache is not None:
         console.print(_kv(report.kv_cache))
     if report.suggestion is not None:
