@@ -315,7 +315,8 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
     from huggingface_hub.utils import build_hf_headers, get_session, hf_thread_map
     from urllib.parse import quote
 
-    from .local import SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE, check_shard_name, tensors_from_headers
+    from .local import (SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE, check_index_entries, check_shard_name,
+                        tensors_from_headers)
     from .safetensors_header import HUB_ADVICE, Shard, header_length, parse_header, validate_header_object
 
     http_headers = build_hf_headers(token=token)
@@ -342,6 +343,7 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
                  validate_header_object(header, Shard(_label(repo_id, commit, shard), HUB_ADVICE)))
                 for shard, header in shards.items()], HUB_ADVICE)
 
+    weight_map = None
     if api.file_exists(repo_id, SAFETENSORS_SINGLE_FILE, revision=commit):
         filenames = [SAFETENSORS_SINGLE_FILE]
     elif api.file_exists(repo_id, SAFETENSORS_INDEX_FILE, revision=commit):
@@ -394,7 +396,10 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
         # everything else is still checked (see `parse_header`).
         return filename, parse_header(raw, label, None if size is None else size - 8 - n)
 
-    return tensors_from_headers(hf_thread_map(one, filenames, desc="Parse safetensors files"), HUB_ADVICE)
+    headers = hf_thread_map(one, filenames, desc="Parse safetensors files")
+    if weight_map is not None:
+        check_index_entries(weight_map, headers, _label(repo_id, commit, SAFETENSORS_INDEX_FILE), HUB_ADVICE)
+    return tensors_from_headers(headers, HUB_ADVICE)
 
 
 def _file_size(response, received: int) -> int | None:
