@@ -60,13 +60,17 @@ def _colour(share: float | None) -> str:
     return f"rgb({r},{g},70)"
 
 
+# Laid out to fit 1400 px: the component cells are narrow, and the error families (long dotted names without a
+# blank) wrap anywhere inside a bounded column instead of widening the table.
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
 table{border-collapse:collapse;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:left}
 th{background:#eee;cursor:pointer;position:sticky;top:0}
-td.cell{text-align:center;min-width:70px;color:#111}
+td.cell{text-align:center;min-width:52px;color:#111}
 td.num{text-align:right}
+td.fams{max-width:300px;overflow-wrap:anywhere;font-size:12px}
+td.type{max-width:220px;overflow-wrap:anywhere}
 .legend span{display:inline-block;width:40px;height:12px;margin-right:4px}
 """
 
@@ -111,13 +115,13 @@ def render_html(report: ScanReport, **_) -> str:
         fams = esc(m.error_families(4))
         reason = esc(m.reason or "")
         rows.append(
-            f"<tr><td>{esc(m.model_type)}</td><td title=\"{reason}\">{esc(m.status)}</td>"
+            f"<tr><td class=\"type\">{esc(m.model_type)}</td><td title=\"{reason}\">{esc(m.status)}</td>"
             f'<td class="num" data-v="{errors}">{errors}</td>'
             f'<td class="num" data-v="{share if share is not None else -1:.4f}">'
             f"{'' if share is None else f'{share:.1%}'}</td>"
             f'<td class="num" data-v="{m.total_param_bytes or 0}">'
             f"{format_bytes(m.total_param_bytes) if m.total_param_bytes else ''}</td>"
-            + "".join(cells) + f"<td>{fams}</td></tr>")
+            + "".join(cells) + f"<td class=\"fams\">{fams}</td></tr>")
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(report.counts.items()))
     versions = esc(", ".join(f"{k} {v}" for k, v in report.versions.items()))
     return (

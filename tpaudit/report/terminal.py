@@ -108,26 +108,36 @@ def _replicated_table(report: Report, unit: str) -> Table:
     return t
 
 
-def _families_table(report: Report, unit: str, rows: int) -> Table:
+def _families_table(report: Report, unit: str, rows: int, width: int = 160) -> Table:
+    """Module families by bytes on the worst rank. A family name has no blank to wrap at, so on a terminal narrower
+    than 120 columns the whole-model bytes and the styles drop out (`--params all` and JSON have them) and the name
+    keeps the room it needs instead of being cut mid-word."""
     sm = report.shard_map
     families = sm.module_families()
+    wide = width >= 120
     t = Table(title=f"Parameters by module family, largest on rank {sm.worst_rank} first (--params all for every "
                     "parameter)", title_justify="left", header_style="bold")
     t.add_column(f"rank {sm.worst_rank}", justify="right")
-    t.add_column("whole", justify="right")
-    t.add_column("family", overflow="fold")
+    if wide:
+        t.add_column("whole", justify="right")
+    longest = max((len(f.name) for f in families[:rows]), default=10)
+    t.add_column("family", overflow="fold", min_width=min(longest, max(10, width - 40)))
     t.add_column("params", justify="right")
-    t.add_column("styles", overflow="fold")
+    if wide:
+        t.add_column("styles", overflow="fold")
     t.add_column("replicated", justify="right")
     for f in families[:rows]:
-        t.add_row(format_bytes(f.worst_rank_bytes, unit), format_bytes(f.total_bytes, unit), Text(inert(f.name)),
-                  str(f.params), Text(inert(", ".join(f.styles))), Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes
-                  else Text("-", style="dim"))
+        replicated = Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes \
+            else Text("-", style="dim")
+        cells = [format_bytes(f.worst_rank_bytes, unit), *([format_bytes(f.total_bytes, unit)] if wide else []),
+                 Text(inert(f.name)), str(f.params), *([Text(inert(", ".join(f.styles)))] if wide else []), replicated]
+        t.add_row(*cells)
     if len(families) > rows:
         rest = families[rows:]
         t.add_row(format_bytes(sum(f.worst_rank_bytes for f in rest), unit),
-                  format_bytes(sum(f.total_bytes for f in rest), unit),
-                  Text(f"and {len(rest)} more families", style="dim"), str(sum(f.params for f in rest)), "", "")
+                  *([format_bytes(sum(f.total_bytes for f in rest), unit)] if wide else []),
+                  Text(f"and {len(rest)} more families", style="dim"), str(sum(f.params for f in rest)),
+                  *([""] if wide else []), "")
     return t
 
 
@@ -183,7 +193,7 @@ def render(report: Report, console: Console, *, unit: str = "GiB", params: str =
     if params == "all":
         console.print(_params_table(report, unit, console.width))
     elif params == "families":
-        console.print(_families_table(report, unit, FAMILY_ROWS))
+        console.print(_families_table(report, unit, FAMILY_ROWS, console.width))
     if report.unused_rules:
         shown = report.unused_rules[:UNUSED_RULES_SHOWN]
         more = len(report.unused_rules) - len(shown)
