@@ -14,9 +14,11 @@
   processes on several machines sharing a file system, and an interrupted run never leave a half-written entry. A
   cache hit costs reading the model's metadata and hashing it, never an audit. Error lines are cached only when they
   are deterministic (the source was read, then transformers or tpaudit refused it); unreadable models are retried.
-- **Executors**: `jobs=1` runs in this process; `jobs=N` runs N spawned worker processes
-  (`concurrent.futures.ProcessPoolExecutor`), each importing torch and transformers once and auditing many models;
-  `executor="ray"` submits the same task function as Ray tasks (a local Ray instance, or a cluster by address).
+- **Executors**: the one `scan` uses too (`tpaudit.run.executor`): `jobs=1` runs in this process; `jobs=N` runs N
+  spawned worker processes, each importing torch and transformers once and auditing many models;
+  `executor="ray"` submits the same task function as Ray tasks (a local Ray instance, or a cluster by address). A
+  tpaudit bug that escapes a task is an internal error line (exit code 4, and the batch exits 4); a worker that
+  stops gives error lines with exit code 2.
 - **Summary**: `summarize` counts lines and models by status, picks the worst offenders by replicated bytes and,
   with a previous OUT file, lists what changed (`compare`): new errors, fixed errors, worst-rank bytes that moved.
 
@@ -38,10 +40,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 
 from .errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
+from .run.executor import RAY_INSTALL  # noqa: F401  (re-exported: the CLI and the API name it here)
 
 BATCH_SCHEMA = "tpaudit/batch/v1"
 CACHE_SCHEMA = "tpaudit/batch-cache/v1"
-RAY_INSTALL = 'pip install "tpaudit[ray]"'
 
 Status = Literal["ok", "error"]
 
@@ -769,75 +771,35 @@ class WorkerStopped(TpauditError):
             "re-import the script); jobs=1 runs every model in this process")
 
 
-def _failed_task(task: Task, error: BaseException) -> list[BatchResult]:
+def _failed_task(task: Task, failure) -> list[BatchResult]:
+    """The lines of a task that returned none (`run.executor.TaskFailed`): a tpaudit bug in the worker is an
+    internal error (exit code 4), a worker that stopped is `WorkerStopped` (exit code 2)."""
+    from .run.executor import internal_error_reason
+
     ref, pairs = task
-    return [_error_line(ref.text, tp, ep, error, 0.0) for tp, ep in pairs]
+    if failure.kind == "internal":
+        reason = internal_error_reason(failure.error, "'tpaudit check' on this model")
+        return [BatchResult(model=ref.text, tp_size=tp, ep_size=ep, status="error", exit_code=failure.exit_code,
+                            reason=reason) for tp, ep in pairs]
+    return [_error_line(ref.text, tp, ep, WorkerStopped(failure.error), 0.0) for tp, ep in pairs]
 
 
-def _run_local(tasks: list[Task], options: TaskOptions, jobs: int | None) -> Iterator[list[BatchResult]]:
-    if jobs is None or jobs <= 1 or len(tasks) <= 1:
-        for ref, pairs in tasks:
-            yield run_task(ref, pairs, options)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+def _run(tasks: list[Task], options: TaskOptions, jobs: int | None, executor: str, address: str | None) \
+        -> Iterator[list[BatchResult]]:
+    """Every task's lines, through the executor `scan` shares (`tpaudit.run.executor`)."""
+    from .run.executor import TaskFailed, run_tasks
 
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init)
-    try:
-        futures = {pool.submit(run_task, ref, pairs, options): (ref, pairs) for ref, pairs in tasks}
-        for future in as_completed(futures):
-            try:
-                yield future.result()
-            except UnsupportedVersionError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of memory): error lines
-                yield _failed_task(futures[future], WorkerStopped(str(e)))
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    for (ref, pairs, _), outcome in run_tasks(run_task, [(ref, pairs, options) for ref, pairs in tasks], jobs=jobs,
+                                           executor=executor, ray_address=address, initializer=_worker_init,
+                                           propagate=(UnsupportedVersionError,)):
+        yield _failed_task((ref, pairs), outcome) if isinstance(outcome, TaskFailed) else outcome
 
 
 def ray_available() -> bool:
     """Whether Ray can be imported (the `ray` extra: `pip install "tpaudit[ray]"`)."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from .run.executor import ray_available as available
 
-
-def _run_ray(tasks: list[Task], options: TaskOptions, jobs: int | None, address: str | None) \
-        -> Iterator[list[BatchResult]]:
-    import logging
-
-    import ray
-
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            # A local instance: nothing leaves this machine (no dashboard, no usage report unless the user asked).
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=jobs or os.cpu_count() or 1, **kwargs)
-        started = True
-    try:
-        remote = ray.remote(num_cpus=1, max_retries=1)(run_task)
-        pending = {remote.remote(ref, pairs, options): (ref, pairs) for ref, pairs in tasks}
-        waiting = list(pending)
-        while waiting:
-            done, waiting = ray.wait(waiting, num_returns=min(len(waiting), 8), timeout=0.5)
-            for obj in done:
-                try:
-                    yield ray.get(obj)
-                except Exception as e:  # noqa: BLE001 - a task whose worker died: error lines, the batch goes on
-                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                    yield _failed_task(pending[obj], RuntimeError(f"the Ray task failed: {type(e).__name__}: "
-                                                                  f"{first}"))
-    finally:
-        if started:
-            ray.shutdown()
+    return available()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -985,8 +947,7 @@ def _generate(refs: list[ModelRef], pairs: list[tuple[int, int]], options: TaskO
             tasks.append((ref, todo))
     if not tasks:
         return
-    runner = _run_ray(tasks, options, jobs, ray_address) if executor == "ray" else _run_local(tasks, options, jobs)
-    for lines in runner:
+    for lines in _run(tasks, options, jobs, executor, ray_address):
         yield from lines
 
 
@@ -1162,8 +1123,9 @@ class BatchSummary:
 
 def batch_exit_code(results: Sequence[BatchResult], comparison: BatchComparison | None = None, *,
                     strict: bool = False) -> int:
-    """The batch's exit code: 1 when some line has an error finding (with a comparison: when there is a new error
-    instead), or with `strict` when some line could not run; else 0. Bad usage (exit 2) is raised before.
+    """The batch's exit code: 4 when some line is an internal error (a tpaudit bug); else 1 when some line has an
+    error finding (with a comparison: when there is a new error instead), or with `strict` when some line could not
+    run; else 0. Bad usage (exit 2) is raised before.
 
     Args:
         results (`Sequence[BatchResult]`): every line.
@@ -1171,8 +1133,10 @@ def batch_exit_code(results: Sequence[BatchResult], comparison: BatchComparison 
         strict (`bool`, *optional*, defaults to `False`): error lines (unreadable models) fail the batch too.
 
     Returns:
-        `int`, 0 or 1.
+        `int`, 0, 1 or 4.
     """
+    if any(r.exit_code == int(ExitCode.INTERNAL) for r in results):
+        return int(ExitCode.INTERNAL)  # a tpaudit bug in some line is never a pass (run.executor's policy)
     if comparison is not None:
         failing = bool(comparison.new_errors)
     else:

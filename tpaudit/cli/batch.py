@@ -152,7 +152,7 @@ def batch(
 
     Exit codes: 0 no line has an error finding, 1 some line has one (with --compare: some error is new; with
     --strict: also a model that could not be read), 2 bad usage or input (LIST, sizes, --plan, --compare, Ray
-    missing).
+    missing), 4 some line hit a tpaudit bug (its line says internal error).
     """
     from .. import batching as core
     from ..errors import UsageError

@@ -32,7 +32,7 @@ def scan(
     """Simulate every model type (or the ones named) from its default config and report plan coverage.
 
     Exit codes: 0 clean (a full scan is a survey unless --strict), 1 a selected model type has an error finding or
-    failed to build, 2 bad input.
+    failed to build, 2 bad input, 4 a tpaudit bug while scanning some model type (its row says internal_error).
     """
     from ..report import get
     from ..scan import scan as run_scan
@@ -55,5 +55,10 @@ def scan(
 
         print(f"tpaudit: wrote the scan of {plural(len(report.models), 'model type')} ({format}) to {output}",
               file=sys.stderr)
+    bugs = [m for m in report.models if m.status == "internal_error"]
+    for m in bugs:
+        print(f"error: {m.model_type}: {m.reason}", file=sys.stderr)
+    if bugs:
+        return 4  # a tpaudit bug while scanning some type: never a pass (tpaudit.run.executor's policy)
     gated = report.models if (model_type or strict) else []
     return 1 if any(m.failing for m in gated) else 0
