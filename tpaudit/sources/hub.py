@@ -397,9 +397,10 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
         return filename, parse_header(raw, label, None if size is None else size - 8 - n)
 
     headers = hf_thread_map(one, filenames, desc="Parse safetensors files")
+    tensors = tensors_from_headers(headers, HUB_ADVICE)
     if weight_map is not None:
         check_index_entries(weight_map, headers, _label(repo_id, commit, SAFETENSORS_INDEX_FILE), HUB_ADVICE)
-    return tensors_from_headers(headers, HUB_ADVICE)
+    return tensors
 
 
 def _file_size(response, received: int) -> int | None:

@@ -142,8 +142,8 @@ def load_local(ref: str) -> ModelSource:
     elif os.path.lexists(index):
         shards, weight_map = _read_index(index, path)
         headers = [(shard, read_local_header(path / shard)) for shard in shards]
+        tensors = tensors_from_headers(headers)  # a tensor in two shards first: the more specific fault
         check_index_entries(weight_map, headers, str(index))
-        tensors = tensors_from_headers(headers)
     else:
         others = _has_other_weights(path)
         stray = _stray_shards(path)
