@@ -6,7 +6,13 @@ set -euo pipefail
 out=${1:-/tmp/tpaudit-scan}
 shift || true
 mkdir -p "$out"
-tpaudit scan --tp 4 --format html -o "$out/coverage.html" "$@"
+here=$(cd "$(dirname "$0")/.." && pwd)
+# tpaudit: $TPAUDIT, else the repository's .venv, else one on PATH, else the python3 module
+if [ -n "${TPAUDIT:-}" ]; then tpaudit=$TPAUDIT
+elif [ -x "$here/.venv/bin/tpaudit" ]; then tpaudit=$here/.venv/bin/tpaudit
+elif command -v tpaudit >/dev/null; then tpaudit=tpaudit
+else tpaudit="python3 -m tpaudit"; fi
+$tpaudit scan --tp 4 --format html -o "$out/coverage.html" "$@"
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
   --disable-component-update --disable-sync --user-data-dir="$(mktemp -d)" --window-size=1400,2000 \
   --screenshot="$out/coverage.png" "file://$out/coverage.html" 2>/dev/null

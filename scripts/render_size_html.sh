@@ -10,11 +10,15 @@ model=${2:-$here/fixtures/qwen3-vl-30b-a3b-instruct.snapshot.json.gz}
 shift 2 || shift $# || true
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-tpaudit=${TPAUDIT:-tpaudit}
+# tpaudit: $TPAUDIT, else the repository's .venv, else one on PATH, else the python3 module
+if [ -n "${TPAUDIT:-}" ]; then tpaudit=$TPAUDIT
+elif [ -x "$here/.venv/bin/tpaudit" ]; then tpaudit=$here/.venv/bin/tpaudit
+elif command -v tpaudit >/dev/null; then tpaudit=tpaudit
+else tpaudit="python3 -m tpaudit"; fi
 # exit 1 only means "no option fits": the page is still written
-"$tpaudit" size "$model" --gpu H100-80GB --tp 1,2,4,8 --context 131072 --format html -o "$out/serving.html" "$@" \
+$tpaudit size "$model" --gpu H100-80GB --tp 1,2,4,8 --context 131072 --format html -o "$out/serving.html" "$@" \
   || [ $? -eq 1 ]
-"$tpaudit" size "$model" --gpu H100-80GB --tp 1,2,4,8 --training --activation-budget 8GiB --format html \
+$tpaudit size "$model" --gpu H100-80GB --tp 1,2,4,8 --training --activation-budget 8GiB --format html \
   -o "$out/training.html" "$@" || [ $? -eq 1 ]
 for page in serving training; do
   profile=$(mktemp -d)

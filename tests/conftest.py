@@ -79,6 +79,59 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subproce
                           timeout=timeout, env=full_env, cwd=str(ROOT))
 
 
+# `python -m tpaudit ARGS` that records its own peak resident memory when it exits (`VmHWM` of /proc/self/status:
+# the high-water mark of this process's address space since its exec). `ru_maxrss` from the parent's `wait4` is no
+# such thing: Linux carries a process's peak over fork and exec, so a child of a pytest worker that had grown to 3 GB
+# reports at least 3 GB whatever it did itself, and the figure depends on which tests ran before.
+_CHILD = """
+import atexit, os, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["TPAUDIT_TEST_PEAK_FILE"], "w") as out:
+        out.write(str(kb * 1024))
+atexit.register(_peak)
+from tpaudit.cli.app import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+class Bounded(subprocess.CompletedProcess):
+    """A finished child: `returncode`, `stdout`, `stderr`, `peak_bytes` (its own peak RSS, measured in it; `None`
+    when it died before recording it) and `seconds` (wall time)."""
+
+    peak_bytes: int | None
+    seconds: float
+
+
+def run_bounded(*args: str, seconds: float = 10, memory: int = 2 << 30, env: dict | None = None,
+                cwd: str | None = None) -> Bounded:
+    """`python -m tpaudit ARGS` in a child whose address space is capped at `memory` bytes (RLIMIT_AS, set in the
+    child) and that is killed after `seconds` (the test then fails with a TimeoutError naming the command); the
+    child measures its own peak memory (see `_CHILD`)."""
+    import resource
+    import tempfile
+    import time
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("TPAUDIT_DEBUG", None)
+    with tempfile.TemporaryDirectory(prefix="tpaudit-child-") as tmp:
+        full_env["TPAUDIT_TEST_PEAK_FILE"] = peak_file = os.path.join(tmp, "peak")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True,
+                                  timeout=seconds, env=full_env, cwd=cwd or str(ROOT), preexec_fn=cap)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"tpaudit {' '.join(map(str, args))} still running after {seconds} s") from None
+        result = Bounded(proc.args, proc.returncode, proc.stdout, proc.stderr)
+        result.seconds = time.perf_counter() - start
+        result.peak_bytes = int(open(peak_file).read()) if os.path.exists(peak_file) else None
+    return result
+
+
 def run_main(*args: str) -> subprocess.CompletedProcess:
     """`tpaudit ARGS` through the same `main()` the console script calls, in this process (no interpreter start-up:
     for tests that run the CLI many times). stdout/stderr are captured; `returncode` is main's exit code."""

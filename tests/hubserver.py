@@ -44,8 +44,11 @@ class Request:
 class FakeHub:
     """Start with `with FakeHub() as hub:`; `hub.url` is the `HF_ENDPOINT`."""
 
-    def __init__(self, *, offer_sharded_metadata: bool = False):
+    def __init__(self, *, offer_sharded_metadata: bool = False, intercept=None):
+        """`intercept(handler, head, path) -> bool`, when given, sees every request first and answers it itself by
+        returning True (a hostile endpoint: stall, trickle, an endless body)."""
         self.offer_sharded_metadata = offer_sharded_metadata
+        self.intercept = intercept
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -116,6 +119,8 @@ class FakeHub:
 
             def _serve(self, head: bool) -> None:
                 path = unquote(urlparse(self.path).path)
+                if hub.intercept is not None and hub.intercept(self, head, path):
+                    return
                 sharded = _SHARDED.match(path)
                 if sharded:
                     return self._sharded(sharded.group("repo"), sharded.group("file"))

@@ -255,7 +255,8 @@ def line(model: str, tp: int, *, worst: int | None = 100, errors: tuple[str, ...
                  "message": "m"} for c in errors]
     return {"schema": "tpaudit/batch/v1", "model": model, "tp_size": tp, "ep_size": 1,
             "status": "error" if reason else "ok", "exit_code": 2 if reason else (1 if errors else 0),
-            "worst_rank_param_bytes": None if reason else worst, "total_param_bytes": None if reason else 1000,
+            "worst_rank_param_bytes": None if reason else worst,
+            "total_param_bytes": None if reason else max(1000, worst or 0),  # a rank holds no more than the model
             "replicated_bytes": None if reason else 10, "errors": len(errors), "warnings": 0, "notes": 0,
             "findings": findings, "seconds": 0.1, "reason": reason}
 
@@ -328,11 +329,11 @@ def test_unreadable_models_fail_only_with_strict(tmp_path, cache_env):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["no-such-list.txt", "--tp", "4"], "cannot read the model list no-such-list.txt"),
+    (["no-such-list.txt", "--tp", "4"], "cannot read model list no-such-list.txt"),
     (["LIST", "--tp", "0"], "--tp 0 must list positive integers"),
     (["LIST", "--tp", "8", "--ep", "4"], "--tp 8 --ep 4"),
     (["LIST", "--tp", "4", "--resume", "--refresh"], "Pass only one"),
-    (["LIST", "--tp", "4", "--compare", "no-such-old.jsonl"], "cannot read no-such-old.jsonl"),
+    (["LIST", "--tp", "4", "--compare", "no-such-old.jsonl"], "cannot read --compare file no-such-old.jsonl"),
     (["LIST", "--tp", "4", "--ray-address", "auto"], "--ray-address needs --executor ray"),
 ])
 def test_bad_usage_is_exit_2_before_any_work(tmp_path, args, message, audits):

@@ -148,3 +148,12 @@ def test_a_closed_pipe_ends_quietly_with_141_not_1():
     _, stderr = proc.communicate(timeout=300)
     assert first.startswith("╭─ tpaudit check")
     assert proc.returncode == 141 and stderr == "", (proc.returncode, stderr)
+
+
+def test_dtype_auto_is_the_default_spelled_out():
+    """`--help` says auto is the default: passing it gives the report of no flag (it was refused)."""
+    ref = str(FIXTURES / "llama-3.1-8b.snapshot.json.gz")
+    default = run_main("check", ref, "--tp", "4", "--format", "json")
+    auto = run_main("check", ref, "--tp", "4", "--format", "json", "--dtype", "auto")
+    assert auto.returncode == default.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout) == json.loads(default.stdout)

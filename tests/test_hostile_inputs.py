@@ -13,16 +13,14 @@ import dataclasses
 import gzip
 import json
 import os
-import resource
 import signal
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import CASES, FIXTURES, ROOT, nbytes, run_main, snapshot_tensors
+from conftest import CASES, FIXTURES, nbytes, run_bounded, run_main, snapshot_tensors
 
 LLAMA = FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"
 GRANITE_CONFIG = (CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text()
@@ -95,28 +93,10 @@ def model_dir(tmp_path: Path, header=None, data_len: int = NORM_BYTES) -> Path:
 
 def run_limited(*args: str, env: dict | None = None, memory: int = 1 << 30, timeout: float = 120):
     """`python -m tpaudit ARGS` with its address space capped at `memory` bytes; returns
-    `(exit code, stderr, peak resident bytes)` of that process alone (`os.wait4`)."""
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("TPAUDIT_DEBUG", None)
-    import tempfile
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tpaudit", *args], stdout=out, stderr=err, cwd=str(ROOT),
-                                env=full_env, preexec_fn=cap)
-        try:
-            with deadline(timeout):
-                _, status, usage = os.wait4(proc.pid, 0)
-        except TimeoutError:
-            proc.kill()
-            proc.wait()
-            raise
-        err.seek(0)
-        code = os.waitstatus_to_exitcode(status)
-        proc.returncode = code
-        return code, err.read().decode("utf-8", "replace"), usage.ru_maxrss * 1024
+    `(exit code, stderr, peak resident bytes)`, the peak measured in the child itself (`conftest.run_bounded`)."""
+    proc = run_bounded(*args, seconds=timeout, memory=memory, env=env)
+    assert proc.peak_bytes is not None, proc.stderr
+    return proc.returncode, proc.stderr, proc.peak_bytes
 
 
 def sparse_llama(directory: Path, single_file: bool = False) -> list[Path]:

@@ -35,7 +35,9 @@ def test_sarif_validates_and_points_at_the_plan(sarif_schema, tmp_path):
     plan_lines = open(PRE_FIX_PLAN).read().splitlines()
     for r in unused:
         loc = r["locations"][0]["physicalLocation"]
-        assert loc["artifactLocation"]["uri"] == PRE_FIX_PLAN
+        # inside this git repository: relative to its root, which code scanning resolves against the checkout
+        assert loc["artifactLocation"] == {"uri": "fixtures/cases/01-qwen3-vl-moe-experts-replicated/tp_plan.json",
+                                           "uriBaseId": "%SRCROOT%"}
         key = r["properties"]["facts"]["relative_key"]
         assert f'"{key}"' in plan_lines[loc["region"]["startLine"] - 1]
     errors = [r for r in results if r["level"] == "error"]
@@ -51,9 +53,54 @@ def test_sarif_config_location_for_dimension_findings(sarif_schema, tmp_path):
     lines = open(config_path).read().splitlines()
     for r in log["runs"][0]["results"]:
         loc = r["locations"][0]["physicalLocation"]
-        assert loc["artifactLocation"]["uri"] == config_path
+        assert loc["artifactLocation"]["uri"] == "fixtures/cases/09-granite-tp5-indivisible-dims/config.json"
         attr = r["properties"]["target"].rpartition(".")[2]
         assert f'"{attr}"' in lines[loc["region"]["startLine"] - 1]
+
+
+def _granite(directory) -> str:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
+    return str(directory)
+
+
+@pytest.mark.parametrize("where", ["git repository", "outside"])
+def test_sarif_artifact_uris_are_valid_uri_references(sarif_schema, tmp_path, where):
+    """A model path with a space (and a '#', '%' and non-ASCII letter) is a valid `uri-reference`, checked with
+    jsonschema's format checker (rfc3986-validator): relative to the root of the git repository that holds it,
+    else an absolute file URI (the test runs outside this directory)."""
+    from urllib.parse import unquote, urlparse
+
+    root = tmp_path / "repo"
+    if where == "git repository":
+        (root / ".git").mkdir(parents=True)
+    model = _granite(root / "models" / "my model #2 100% é")
+    proc = run_main("check", model, "--tp", "5", "--format", "sarif")
+    assert proc.returncode == 1, proc.stderr
+    log = json.loads(proc.stdout)
+    validator = jsonschema.Draft4Validator(sarif_schema, format_checker=jsonschema.FormatChecker())
+    assert "uri-reference" in validator.format_checker.checkers  # rfc3986-validator is installed: formats count
+    assert list(validator.iter_errors(log)) == []
+    locations = {json.dumps(r["locations"][0]["physicalLocation"]["artifactLocation"])
+                 for r in log["runs"][0]["results"]}
+    (artifact,) = [json.loads(x) for x in locations]
+    if where == "git repository":
+        assert artifact == {"uri": "models/my%20model%20%232%20100%25%20%C3%A9/config.json",
+                            "uriBaseId": "%SRCROOT%"}
+    else:
+        assert "uriBaseId" not in artifact and artifact["uri"].startswith("file:///")
+        assert unquote(urlparse(artifact["uri"]).path) == f"{model}/config.json"
+    rules = log["runs"][0]["tool"]["driver"]["rules"]
+    assert {r["helpUri"] for r in rules} == {f"https://pypi.org/project/tpaudit/#{r['id'].lower()}" for r in rules}
+
+
+def test_every_help_uri_anchor_is_in_the_readme():
+    """helpUri points at the rule's row of the README's findings table: every code has its anchor there."""
+    from tpaudit.checks.registry import all_rules
+
+    readme = (CASES.parent.parent / "README.md").read_text()
+    for r in all_rules():
+        assert f'<a id="{r.code.lower()}"></a>' in readme, r.code
 
 
 def test_markdown_is_a_well_formed_comment():

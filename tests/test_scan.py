@@ -93,8 +93,18 @@ def test_unknown_model_type_is_exit_2():
     assert proc.returncode == 2 and "lama" in proc.stderr and "llama" in proc.stderr
 
 
-def test_clean_selection_exits_0():
-    assert run_main("scan", "--model-type", "llama", "--format", "json").returncode == 0
+def test_clean_selection_exits_0(tmp_path):
+    out = tmp_path / "llama.md"
+    proc = run_main("scan", "--model-type", "llama", "--format", "markdown", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == f"tpaudit: wrote the scan of 1 model type (markdown) to {out}\n"  # says where it wrote
+    assert "| `llama` | ok |" in out.read_text()
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+def test_jobs_below_one_are_refused(jobs):
+    proc = run_main("scan", "--model-type", "llama", "--jobs", jobs)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: --jobs {jobs} is invalid"), proc.stderr
 
 
 class _Page(HTMLParser):
@@ -128,8 +138,11 @@ def sampled_scan(tmp_path_factory):
     for t in types:
         args += ["--model-type", t]
     proc = run_main(*args)
-    assert proc.returncode in (0, 1), proc.stderr
     doc = json.loads(out.read_text())
+    # a selected scan is a gate: 1 exactly when a selected type does not build or has an error finding
+    failing = [m["model_type"] for m in doc["models"] if m["status"] == "build_failed" or
+               any(f["severity"] == "error" for f in m["findings"])]
+    assert proc.returncode == (1 if failing else 0), (proc.stderr, failing)
     assert [m["model_type"] for m in doc["models"]] == types
     return doc
 

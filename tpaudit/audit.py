@@ -167,6 +167,7 @@ def locate(findings: list[Finding], built: BuiltModel, resolved: ResolvedPlan,
         config_file = source.config_path
     lines = {path: _quoted_lines(path) for path in {plan_path, config_file}
              if path and not path.startswith("https://")}
+    uris: dict[str | None, tuple[str | None, str | None]] = {}
     out = []
     for f in findings:
         rule = get_rule(f.code)
@@ -178,8 +179,47 @@ def locate(findings: list[Finding], built: BuiltModel, resolved: ResolvedPlan,
         else:
             path, needle = config_file, None
         line = (lines.get(path) or {}).get(needle) if needle else None
-        out.append(dataclasses.replace(f, location=Location(path=path, line=line, logical=f.target)))
+        if path not in uris:
+            uris[path] = artifact_uri(path) if path else (None, None)
+        uri, base = uris[path]
+        out.append(dataclasses.replace(f, location=Location(path=path, line=line, logical=f.target, uri=uri,
+                                                            uri_base=base)))
     return out
+
+
+SOURCE_ROOT = "%SRCROOT%"
+
+
+def artifact_uri(path: str, cwd: str | None = None) -> tuple[str, str | None]:
+    """A file a finding points at as a SARIF artifact URI (RFC 3986 `uri-reference`, percent-encoded), and its base.
+
+    - A URL (a Hub config) is kept as it is.
+    - A file inside a git repository (a `.git` folder or file in it or a parent folder): relative to the
+      repository's root, with base `%SRCROOT%` (what GitHub code scanning resolves against the checked-out
+      repository), e.g. `models/my%20model/config.json`.
+    - Else, a file under the current directory: relative to it, without a base.
+    - Else: an absolute `file:` URI (`file:///data/my%20model/config.json`).
+
+    Args:
+        path (`str`): the file as the report names it.
+        cwd (`str`, *optional*): the current directory (default: `os.getcwd()`).
+
+    Returns:
+        `(uri, base)`: `base` is `"%SRCROOT%"` or `None`.
+    """
+    import os
+    from urllib.parse import quote
+
+    if path.startswith(("https://", "http://")):
+        return path, None
+    full = Path(os.path.abspath(path))
+    here = Path(os.path.abspath(cwd or os.getcwd()))
+    for folder in full.parents:
+        if (folder / ".git").exists():
+            return quote(full.relative_to(folder).as_posix(), safe="/"), SOURCE_ROOT
+    if here == full or here in full.parents:
+        return quote(full.relative_to(here).as_posix(), safe="/"), None
+    return full.as_uri(), None
 
 
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -188,9 +228,12 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 def _quoted_lines(path: str) -> dict[str, int]:
     """Every quoted string of a JSON file (a rule key, an attribute name) -> the first line it appears on: one pass,
     so locating any number of findings stays linear. Empty for an unreadable or gzip file."""
-    try:
-        raw = Path(path).read_bytes()[: 64 << 20]
-    except OSError:
+    from .errors import TpauditError
+    from .sources.files import read_capped
+
+    try:  # a regular file, capped: it was read (and checked) before, but may have been swapped since
+        raw = read_capped(path, "file", 64 << 20)
+    except TpauditError:
         return {}
     if raw[:2] == b"\x1f\x8b":  # a gzip snapshot: no line to point at
         return {}

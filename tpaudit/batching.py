@@ -14,9 +14,11 @@
   processes on several machines sharing a file system, and an interrupted run never leave a half-written entry. A
   cache hit costs reading the model's metadata and hashing it, never an audit. Error lines are cached only when they
   are deterministic (the source was read, then transformers or tpaudit refused it); unreadable models are retried.
-- **Executors**: `jobs=1` runs in this process; `jobs=N` runs N spawned worker processes
-  (`concurrent.futures.ProcessPoolExecutor`), each importing torch and transformers once and auditing many models;
-  `executor="ray"` submits the same task function as Ray tasks (a local Ray instance, or a cluster by address).
+- **Executors**: the one `scan` uses too (`tpaudit.run.executor`): `jobs=1` runs in this process; `jobs=N` runs N
+  spawned worker processes, each importing torch and transformers once and auditing many models;
+  `executor="ray"` submits the same task function as Ray tasks (a local Ray instance, or a cluster by address). A
+  tpaudit bug that escapes a task is an internal error line (exit code 4, and the batch exits 4); a worker that
+  stops gives error lines with exit code 2.
 - **Summary**: `summarize` counts lines and models by status, picks the worst offenders by replicated bytes and,
   with a previous OUT file, lists what changed (`compare`): new errors, fixed errors, worst-rank bytes that moved.
 
@@ -28,7 +30,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -36,10 +40,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 
 from .errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
+from .run.executor import RAY_INSTALL  # noqa: F401  (re-exported: the CLI and the API name it here)
 
 BATCH_SCHEMA = "tpaudit/batch/v1"
 CACHE_SCHEMA = "tpaudit/batch-cache/v1"
-RAY_INSTALL = 'pip install "tpaudit[ray]"'
 
 Status = Literal["ok", "error"]
 
@@ -66,12 +70,22 @@ class ModelRef:
     problem: str | None = None
 
 
+LIST_MAX_BYTES = 64 * 2**20
+"""A LIST file: some 600,000 references of 100 characters."""
+ENTRY_MAX_CHARS = 4096
+"""One LIST line: a Hub id is at most 96 characters plus a revision; a path at most PATH_MAX (4,096 bytes)."""
+RESULTS_MAX_BYTES = 4 * 2**30
+"""An OUT or `--compare` file (JSON lines), read line by line."""
+LINE_MAX_BYTES = 64 * 2**20
+"""One JSON line of OUT, or one cache entry: a line of a model with thousands of findings takes a few MB."""
+
+
 def parse_model_ref(text: str, line: int | None = None) -> ModelRef:
     """Split `org/name@revision` into reference and revision.
 
     An existing path is taken whole (a directory may contain `@`); otherwise the text after the last `@` is the
-    revision. An empty reference or revision is not an exception: the `ModelRef` carries a `problem`, which the
-    batch turns into error lines.
+    revision. An empty reference or revision, or a NUL byte (no path or Hub id holds one), is not an exception: the
+    `ModelRef` carries a `problem`, which the batch turns into error lines (exit code 2).
 
     Args:
         text (`str`): one entry of the list, without comment or surrounding blanks.
@@ -81,6 +95,9 @@ def parse_model_ref(text: str, line: int | None = None) -> ModelRef:
         `ModelRef`.
     """
     text = text.strip()
+    if "\x00" in text:
+        return ModelRef(text, text, None, line, problem=f"{text!r} is not a model reference: it contains a NUL byte, "
+                                                        "which no path or Hub id holds. Fix the list entry")
     if "@" in text and not os.path.exists(text):
         ref, _, revision = text.rpartition("@")
         if not ref or not revision:
@@ -90,9 +107,28 @@ def parse_model_ref(text: str, line: int | None = None) -> ModelRef:
     return ModelRef(text, text, None, line)
 
 
+_COMMENT = re.compile(r"\s#")
+
+
+def _strip_comment(text: str) -> str:
+    """The entry of one stripped, non-comment line: a `#` after a blank starts a comment, unless the text up to a
+    later ` #` (or the whole line) names an existing file or directory, so a path containing ` #` stays whole."""
+    cuts = [m.start() for m in _COMMENT.finditer(text)]
+    if not cuts:
+        return text
+    for end in [len(text), *reversed(cuts)]:
+        if os.path.exists(text[:end].rstrip()):
+            return text[:end].rstrip()
+    return text[:cuts[0]].rstrip()
+
+
 def parse_list(lines: Iterable[str]) -> list[ModelRef]:
-    """Model references from the lines of a list: one a line, blank lines and `#` comments (a whole line, or after
-    a blank) ignored, duplicates (same text) kept once, in order.
+    """Model references from the lines of a list: one a line, blank lines and `#` comments ignored, duplicates
+    (same text) kept once, in order.
+
+    A `#` starts a comment at the start of a line, or after a blank (space or tab) unless the text before a later
+    blank-`#` (or the whole line) names an existing file or directory: a path with ` #` in its name stays whole,
+    and a comment after it is still one. Hub ids and revisions never contain `#` or blanks.
 
     Args:
         lines (`Iterable[str]`): the list's lines.
@@ -105,9 +141,7 @@ def parse_list(lines: Iterable[str]) -> list[ModelRef]:
         text = raw.strip()
         if text.startswith("#"):
             continue
-        for mark in (" #", "\t#"):
-            if mark in text:
-                text = text.split(mark, 1)[0].strip()
+        text = _strip_comment(text)
         if not text or text in seen:
             continue
         seen.add(text)
@@ -115,8 +149,43 @@ def parse_list(lines: Iterable[str]) -> list[ModelRef]:
     return out
 
 
+def _capped_lines(path: str | os.PathLike, what: str, *, max_bytes: int, max_line: int, error) -> Iterator[bytes]:
+    """The lines (bytes, without the newline) of a regular file read with caps: a directory, FIFO or device is
+    refused before any read (`sources.files.open_regular`), the file may hold at most `max_bytes` bytes and a line
+    at most `max_line`; each is refused through `error(message)` naming the line."""
+    from .sources.files import _human, open_regular
+
+    f, size = open_regular(path, what, error)
+    with f:
+        if size > max_bytes:
+            raise error(f"cannot read {what} {os.fspath(path)}: it is {size:,} bytes, over tpaudit's cap of "
+                        f"{_human(max_bytes)} for a {what}. Pass the real {what}")
+        total = 0
+        number = 0
+        while True:
+            try:
+                raw = f.readline(max_line + 1)
+            except OSError as e:
+                raise error(f"cannot read {what} {os.fspath(path)}: {e.strerror or e}. Check the file") from None
+            if not raw:
+                return
+            number += 1
+            total += len(raw)
+            if total > max_bytes:
+                raise error(f"cannot read {what} {os.fspath(path)}: it grew past tpaudit's cap of "
+                            f"{_human(max_bytes)} for a {what}. Pass the real {what}")
+            if len(raw) > max_line and not raw.endswith(b"\n"):
+                raise error(f"cannot read {what} {os.fspath(path)}: line {number} is longer than {max_line:,} "
+                            f"bytes, which no {'model reference' if what == 'model list' else 'line of it'} is. "
+                            f"Pass the real {what}")
+            yield raw.rstrip(b"\n")
+
+
 def read_list(path: str | os.PathLike) -> list[ModelRef]:
     """Read a LIST file of model references (see `parse_list`).
+
+    The file must be a regular file (a directory, FIFO or device is refused before any read) of at most
+    `LIST_MAX_BYTES`, with lines of at most `ENTRY_MAX_CHARS` bytes, in UTF-8.
 
     Args:
         path (`str` or `os.PathLike`): a UTF-8 text file.
@@ -125,17 +194,19 @@ def read_list(path: str | os.PathLike) -> list[ModelRef]:
         `list[ModelRef]`, in list order.
 
     Raises:
-        UsageError: the file cannot be read, or names no model.
+        UsageError: the file cannot be read (missing, not a regular file, over a cap, not UTF-8), or names no model.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            refs = parse_list(f)
-    except OSError as e:
-        raise UsageError(f"cannot read the model list {path}: {e.strerror or e}. Pass a text file with one model "
-                         "reference a line") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"the model list {path} is not UTF-8 text. Pass a text file with one model reference a "
-                         "line") from None
+    def error(message: str) -> UsageError:
+        return UsageError(f"{message}. A LIST is a text file with one model reference a line")
+
+    lines = []
+    for number, raw in enumerate(_capped_lines(path, "model list", max_bytes=LIST_MAX_BYTES,
+                                               max_line=ENTRY_MAX_CHARS, error=UsageError), start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError:
+            raise error(f"the model list {path} is not UTF-8 text (line {number})") from None
+    refs = parse_list(lines)
     if not refs:
         raise UsageError(f"the model list {path} names no model (only blank lines and # comments). Add one model "
                          "reference a line, e.g. Qwen/Qwen3-30B-A3B")
@@ -222,60 +293,154 @@ class BatchResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "BatchResult":
-        """Read back a line written by `to_json` (unknown keys are ignored).
+        """Read back a line written by `to_json`, checking every field (unknown keys are ignored).
+
+        A line is data from a file someone else may have written (an OUT file, `--compare`, a cache entry): its
+        schema, every type and range is checked, and so is what the fields imply of each other (an `ok` line has
+        byte counts and exit code 0 or 1 as its error findings say; counts match the findings).
 
         Raises:
-            ValueError: a required key is missing or has the wrong type.
+            ValueError: naming the first field that is missing, of the wrong type or out of range.
         """
-        try:
-            status = data["status"]
-            if status not in ("ok", "error"):
-                raise ValueError(f"status {status!r} is neither ok nor error")
-            return cls(model=str(data["model"]), tp_size=int(data["tp_size"]), ep_size=int(data["ep_size"]),
-                       status=status, exit_code=int(data["exit_code"]),
-                       worst_rank_param_bytes=data.get("worst_rank_param_bytes"),
-                       total_param_bytes=data.get("total_param_bytes"), replicated_bytes=data.get("replicated_bytes"),
-                       errors=int(data.get("errors") or 0), warnings=int(data.get("warnings") or 0),
-                       notes=int(data.get("notes") or 0), findings=tuple(data.get("findings") or ()),
-                       seconds=float(data.get("seconds") or 0.0), reason=data.get("reason"),
-                       architecture=data.get("architecture"), commit=data.get("commit"),
-                       model_sha256=data.get("model_sha256"), key=data.get("key"),
-                       cached=bool(data.get("cached", False)))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"not a tpaudit batch line: {type(e).__name__}: {e}") from None
+        problem = line_problem(data)
+        if problem:
+            raise ValueError(f"not a tpaudit batch line: {problem}")
+        return cls(model=data["model"], tp_size=data["tp_size"], ep_size=data["ep_size"], status=data["status"],
+                   exit_code=data["exit_code"], worst_rank_param_bytes=data.get("worst_rank_param_bytes"),
+                   total_param_bytes=data.get("total_param_bytes"), replicated_bytes=data.get("replicated_bytes"),
+                   errors=data.get("errors", 0), warnings=data.get("warnings", 0), notes=data.get("notes", 0),
+                   findings=tuple(data.get("findings") or ()), seconds=float(data.get("seconds") or 0.0),
+                   reason=data.get("reason"), architecture=data.get("architecture"), commit=data.get("commit"),
+                   model_sha256=data.get("model_sha256"), key=data.get("key"), cached=data.get("cached", False))
 
 
-def read_results(path: str | os.PathLike, *, partial_ok: bool = False) -> list[BatchResult]:
-    """Read an OUT file (JSON lines of `BatchResult`).
+EXIT_CODES = (0, 1, 2, 4)
+_SEVERITIES = ("error", "warning", "note")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def line_problem(data) -> str | None:
+    """Why `data` is not a well-formed batch line (`None` when it is): the contract of `BatchResult.to_json`.
+
+    Checked: `schema`; `model` a string; `tp_size`, `ep_size` integers >= 1; `status` `ok`/`error`; `exit_code`
+    one of 0, 1, 2, 4 and consistent with the status (an `ok` line: 1 exactly when it has error findings; an `error`
+    line: 2 or 4, with a `reason`); byte counts integers >= 0 (present on `ok` lines, worst rank and replicated at
+    most the total); `errors`/`warnings`/`notes` integers that count the `findings` by severity; each finding an
+    object with string `code`, `target` and a known `severity`; `seconds` a finite number >= 0; the optional strings
+    strings, `model_sha256` and `key` 64 hex digits, `cached` a bool.
+    """
+    if not isinstance(data, dict):
+        return f"a line is a JSON object, not {type(data).__name__}"
+    if data.get("schema", BATCH_SCHEMA) != BATCH_SCHEMA:
+        return f"schema {str(data.get('schema'))[:60]!r} is not {BATCH_SCHEMA}"
+    for name in ("model", "tp_size", "ep_size", "status", "exit_code"):
+        if name not in data:
+            return f"{name} is missing"
+    if not isinstance(data["model"], str):
+        return "model is not a string"
+    for name in ("tp_size", "ep_size"):
+        if not _is_int(data[name]) or data[name] < 1:
+            return f"{name} {str(data[name])[:40]} is not a positive integer"
+    status, code = data["status"], data["exit_code"]
+    if status not in ("ok", "error"):
+        return f"status {str(status)[:40]!r} is neither ok nor error"
+    if not _is_int(code) or code not in EXIT_CODES:
+        return f"exit_code {str(code)[:40]} is not one of {', '.join(map(str, EXIT_CODES))}"
+    sizes = {}
+    for name in ("worst_rank_param_bytes", "total_param_bytes", "replicated_bytes"):
+        value = data.get(name)
+        if value is None:
+            if status == "ok":
+                return f"{name} is missing from an ok line"
+            continue
+        if not _is_int(value) or value < 0:
+            return f"{name} {str(value)[:40]} is not a byte count (an integer >= 0)"
+        sizes[name] = value
+    if status == "ok" and (sizes["worst_rank_param_bytes"] > sizes["total_param_bytes"]
+                           or sizes["replicated_bytes"] > sizes["total_param_bytes"]):
+        return "worst_rank_param_bytes or replicated_bytes exceeds total_param_bytes"
+    findings = data.get("findings", [])
+    if not isinstance(findings, list):
+        return "findings is not a list"
+    counts = dict.fromkeys(_SEVERITIES, 0)
+    for i, f in enumerate(findings):
+        if not isinstance(f, dict):
+            return f"findings[{i}] is not an object"
+        if not isinstance(f.get("code"), str) or not isinstance(f.get("target"), str):
+            return f"findings[{i}] has no string code and target"
+        if f.get("severity") not in _SEVERITIES:
+            return f"findings[{i}].severity {str(f.get('severity'))[:20]!r} is not error, warning or note"
+        for name, kinds in (("message", (str,)), ("kind", (str,)), ("fix", (str, type(None))), ("facts", (dict,))):
+            if name in f and not isinstance(f[name], kinds):
+                return f"findings[{i}].{name} has the wrong type"
+        counts[f["severity"]] += 1
+    for severity, name in (("error", "errors"), ("warning", "warnings"), ("note", "notes")):
+        value = data.get(name, 0)
+        if not _is_int(value) or value < 0:
+            return f"{name} {str(value)[:40]} is not a count (an integer >= 0)"
+        if value != counts[severity]:
+            return f"{name} = {value}, but the line has {counts[severity]} {severity} finding(s)"
+    if status == "ok" and code != (1 if counts["error"] else 0):
+        return f"exit_code {code} of an ok line with {counts['error']} error finding(s)"
+    if status == "error" and (code not in (2, 4) or not isinstance(data.get("reason"), str)):
+        return "an error line has exit code 2 or 4 and a reason"
+    seconds = data.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or \
+            seconds < 0:
+        return f"seconds {str(seconds)[:40]} is not a duration"
+    for name in ("reason", "architecture", "commit", "model_sha256", "key"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            return f"{name} is not a string"
+    for name in ("model_sha256", "key"):
+        if data.get(name) is not None and not _HEX64.match(data[name]):
+            return f"{name} is not 64 hex digits"
+    if not isinstance(data.get("cached", False), bool):
+        return "cached is not true or false"
+    return None
+
+
+def read_results(path: str | os.PathLike, *, partial_ok: bool = False, what: str = "batch results file") \
+        -> list[BatchResult]:
+    """Read an OUT file (JSON lines of `BatchResult`), checking every line (`line_problem`).
+
+    The file must be a regular file (a directory, FIFO or device is refused before any read) of at most
+    `RESULTS_MAX_BYTES`, with lines of at most `LINE_MAX_BYTES`.
 
     Args:
         path (`str` or `os.PathLike`): the file.
-        partial_ok (`bool`, *optional*, defaults to `False`): skip lines that do not parse (the last line of an
-            interrupted run may be cut short) instead of failing.
+        partial_ok (`bool`, *optional*, defaults to `False`): skip lines that do not parse or do not check out (the
+            last line of an interrupted run may be cut short; `--resume` recomputes whatever it skips) instead of
+            failing.
+        what (`str`, *optional*): what the file is, for messages (`"--compare file"`).
 
     Returns:
         `list[BatchResult]`, in file order.
 
     Raises:
-        UsageError: the file cannot be read, or (unless `partial_ok`) a line is not a batch result.
+        UsageError: the file cannot be read (missing, not a regular file, over a cap), or (unless `partial_ok`) a
+            line is not a well-formed batch result.
     """
+    from .sources.files import load_json
+
+    def error(message: str) -> UsageError:
+        return UsageError(message)
+
     out = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(BatchResult.from_json(json.loads(line)))
-                except (ValueError, AttributeError) as e:
-                    if partial_ok:
-                        continue
-                    raise UsageError(f"{path} line {number} is not a tpaudit batch result: {e}. Pass an OUT file "
-                                     "written by 'tpaudit batch -o'") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}. Check the path") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text. Pass an OUT file written by 'tpaudit batch -o'") from None
+    for number, raw in enumerate(_capped_lines(path, what, max_bytes=RESULTS_MAX_BYTES, max_line=LINE_MAX_BYTES,
+                                               error=error), start=1):
+        if not raw.strip():
+            continue
+        try:
+            out.append(BatchResult.from_json(load_json(raw, what, str(path), max_depth=64)))
+        except ValueError as e:  # InputError (not JSON, too deep) is a ValueError too
+            if partial_ok:
+                continue
+            raise UsageError(f"{path} line {number} is not a tpaudit batch result: {e}. Pass an OUT file "
+                             "written by 'tpaudit batch -o'") from None
     return out
 
 
@@ -322,9 +487,9 @@ def plan_sha256(plan: dict[str, str] | None) -> str | None:
     return None if plan is None else hashlib.sha256(_canonical(plan)).hexdigest()
 
 
-def result_key(*, model_sha256: str, tp_size: int, ep_size: int, plan_sha256: str | None = None,
-               dtype: str | None = None, versions: dict[str, str | None] | None = None) -> str:
-    """The cache key of one line: sha256 of everything that determines it.
+def key_inputs(*, model_sha256: str, tp_size: int, ep_size: int, plan_sha256: str | None = None,
+               dtype: str | None = None, versions: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """Everything that determines one line, as the JSON object its cache key hashes (and its cache entry echoes).
 
     Args:
         model_sha256 (`str`): see `model_sha256`.
@@ -332,14 +497,25 @@ def result_key(*, model_sha256: str, tp_size: int, ep_size: int, plan_sha256: st
         plan_sha256 (`str`, *optional*): see `plan_sha256`.
         dtype (`str`, *optional*): the load dtype (`None` for `"auto"`).
         versions (`dict`, *optional*): tpaudit, transformers, torch (default: `installed_versions()`).
+    """
+    v = versions if versions is not None else installed_versions()
+    return {"schema": CACHE_SCHEMA, "tpaudit": v.get("tpaudit"), "transformers": v.get("transformers"),
+            "torch": v.get("torch"), "model_sha256": model_sha256, "plan_sha256": plan_sha256, "dtype": dtype,
+            "tp_size": tp_size, "ep_size": ep_size}
+
+
+def result_key(*, model_sha256: str, tp_size: int, ep_size: int, plan_sha256: str | None = None,
+               dtype: str | None = None, versions: dict[str, str | None] | None = None) -> str:
+    """The cache key of one line: sha256 of everything that determines it (`key_inputs`, canonical JSON).
 
     Returns:
         `str`, 64 hex digits.
     """
-    v = versions if versions is not None else installed_versions()
-    inputs = {"schema": CACHE_SCHEMA, "tpaudit": v.get("tpaudit"), "transformers": v.get("transformers"),
-              "torch": v.get("torch"), "model_sha256": model_sha256, "plan_sha256": plan_sha256, "dtype": dtype,
-              "tp_size": tp_size, "ep_size": ep_size}
+    return _key_of(key_inputs(model_sha256=model_sha256, tp_size=tp_size, ep_size=ep_size, plan_sha256=plan_sha256,
+                              dtype=dtype, versions=versions))
+
+
+def _key_of(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(inputs)).hexdigest()
 
 
@@ -359,6 +535,13 @@ class ResultCache:
     the same folder and renamed into place (`os.replace`, atomic on POSIX and Windows), so readers never see a
     partial entry and concurrent writers of the same key simply leave one of two identical files.
 
+    An entry is `{"schema", "key", "inputs", "result"}`: `inputs` echoes what the key hashes (`key_inputs`: model
+    hash, sizes, plan hash, dtype, versions). It is validated, never trusted: it is used only when it is a regular
+    file under `LINE_MAX_BYTES`, its inputs are exactly the requested ones and hash to its key, and its result is a
+    well-formed line (`line_problem`) for the same sizes and model hash; anything else is a miss, recomputed and
+    rewritten. A well-formed entry forged with a wrong result cannot be told from a real one, so a cache must not
+    be shared with anyone whose results you would not take (README, "Cache").
+
     Attributes:
         directory (`str`): the cache folder (created on the first write).
     """
@@ -369,26 +552,46 @@ class ResultCache:
         """Where the entry of `key` lives."""
         return Path(self.directory) / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> dict | None:
-        """The stored line of `key` (a `BatchResult.to_json()` dict), `None` on a miss or an unreadable entry."""
+    def get(self, key: str, inputs: dict[str, Any] | None = None) -> dict | None:
+        """The stored line of `key` (a `BatchResult.to_json()` dict), `None` on a miss or an entry that does not
+        check out (see the class).
+
+        Args:
+            key (`str`): the key (`result_key`).
+            inputs (`dict`, *optional*): what the key was made of (`key_inputs`); the entry must echo exactly these.
+        """
+        from .sources.files import load_json, read_capped
+
+        def refuse(message: str) -> TpauditError:
+            return UsageError(message)
+
         try:
-            with open(self.path(key), encoding="utf-8") as f:
-                entry = json.load(f)
-        except (OSError, ValueError):
+            entry = load_json(read_capped(self.path(key), "cache entry", LINE_MAX_BYTES, refuse), "cache entry",
+                              str(self.path(key)), refuse, max_depth=64)
+        except TpauditError:  # missing, not a regular file (FIFO, device, directory), too large, not JSON
             return None
         if not isinstance(entry, dict) or entry.get("schema") != CACHE_SCHEMA or entry.get("key") != key:
             return None
-        return entry.get("result") if isinstance(entry.get("result"), dict) else None
+        echo, result = entry.get("inputs"), entry.get("result")
+        if not isinstance(echo, dict) or _key_of(echo) != key or (inputs is not None and echo != inputs):
+            return None
+        if line_problem(result) is not None or result.get("key") != key:
+            return None
+        if (result["tp_size"], result["ep_size"]) != (echo.get("tp_size"), echo.get("ep_size")) or \
+                result.get("model_sha256") != echo.get("model_sha256"):
+            return None
+        return result
 
-    def put(self, key: str, result: dict) -> None:
-        """Store `result` under `key`. A cache that cannot be written is not an error: the batch goes on."""
+    def put(self, key: str, result: dict, inputs: dict[str, Any] | None = None) -> None:
+        """Store `result` under `key`, echoing `inputs` (`key_inputs`). A cache that cannot be written is not an
+        error: the batch goes on. A FIFO or other file squatting on the entry's name is replaced, not opened."""
         target = self.path(key)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}-", suffix=".tmp", dir=target.parent)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({"schema": CACHE_SCHEMA, "key": key, "result": result}, f)
+                    json.dump({"schema": CACHE_SCHEMA, "key": key, "inputs": inputs, "result": result}, f)
                 os.replace(tmp, target)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -490,18 +693,16 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
     cache = ResultCache(options.cache_dir) if options.cache_dir else None
     found = installed_versions()
     plan_digest = plan_sha256(options.plan)
-    keys = {(tp, ep): result_key(model_sha256=digest, tp_size=tp, ep_size=ep, plan_sha256=plan_digest,
-                                 dtype=options.dtype, versions=found) for tp, ep in pairs}
+    inputs = {(tp, ep): key_inputs(model_sha256=digest, tp_size=tp, ep_size=ep, plan_sha256=plan_digest,
+                                   dtype=options.dtype, versions=found) for tp, ep in pairs}
+    keys = {pair: _key_of(value) for pair, value in inputs.items()}
     lines: dict[tuple[int, int], BatchResult] = {}
     if cache is not None and options.read_cache:
         for pair, key in keys.items():
-            stored = cache.get(key)
+            stored = cache.get(key, inputs[pair])  # validated: anything that does not check out is recomputed
             if stored is not None:
-                try:
-                    lines[pair] = replace(BatchResult.from_json(stored), model=ref.text, cached=True,
-                                          commit=source.commit)
-                except ValueError:
-                    pass
+                lines[pair] = replace(BatchResult.from_json(stored), model=ref.text, cached=True,
+                                      commit=source.commit)
     todo = [p for p in pairs if p not in lines]
     if todo:
         from .compat import backend
@@ -520,7 +721,7 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
         else:
             line = _line_from_report(ref.text, outcome, seconds, **common)
         if cache is not None and line.key is not None:
-            cache.put(line.key, replace(line, model="", cached=False, commit=None).to_json())
+            cache.put(line.key, replace(line, model="", cached=False, commit=None).to_json(), inputs[(tp, ep)])
         lines[(tp, ep)] = line
     return [lines[p] for p in pairs]
 
@@ -570,75 +771,35 @@ class WorkerStopped(TpauditError):
             "re-import the script); jobs=1 runs every model in this process")
 
 
-def _failed_task(task: Task, error: BaseException) -> list[BatchResult]:
+def _failed_task(task: Task, failure) -> list[BatchResult]:
+    """The lines of a task that returned none (`run.executor.TaskFailed`): a tpaudit bug in the worker is an
+    internal error (exit code 4), a worker that stopped is `WorkerStopped` (exit code 2)."""
+    from .run.executor import internal_error_reason
+
     ref, pairs = task
-    return [_error_line(ref.text, tp, ep, error, 0.0) for tp, ep in pairs]
+    if failure.kind == "internal":
+        reason = internal_error_reason(failure.error, "'tpaudit check' on this model")
+        return [BatchResult(model=ref.text, tp_size=tp, ep_size=ep, status="error", exit_code=failure.exit_code,
+                            reason=reason) for tp, ep in pairs]
+    return [_error_line(ref.text, tp, ep, WorkerStopped(failure.error), 0.0) for tp, ep in pairs]
 
 
-def _run_local(tasks: list[Task], options: TaskOptions, jobs: int | None) -> Iterator[list[BatchResult]]:
-    if jobs is None or jobs <= 1 or len(tasks) <= 1:
-        for ref, pairs in tasks:
-            yield run_task(ref, pairs, options)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+def _run(tasks: list[Task], options: TaskOptions, jobs: int | None, executor: str, address: str | None) \
+        -> Iterator[list[BatchResult]]:
+    """Every task's lines, through the executor `scan` shares (`tpaudit.run.executor`)."""
+    from .run.executor import TaskFailed, run_tasks
 
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init)
-    try:
-        futures = {pool.submit(run_task, ref, pairs, options): (ref, pairs) for ref, pairs in tasks}
-        for future in as_completed(futures):
-            try:
-                yield future.result()
-            except UnsupportedVersionError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a worker that died (killed, out of memory): error lines
-                yield _failed_task(futures[future], WorkerStopped(str(e)))
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    for (ref, pairs, _), outcome in run_tasks(run_task, [(ref, pairs, options) for ref, pairs in tasks], jobs=jobs,
+                                           executor=executor, ray_address=address, initializer=_worker_init,
+                                           propagate=(UnsupportedVersionError,)):
+        yield _failed_task((ref, pairs), outcome) if isinstance(outcome, TaskFailed) else outcome
 
 
 def ray_available() -> bool:
     """Whether Ray can be imported (the `ray` extra: `pip install "tpaudit[ray]"`)."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from .run.executor import ray_available as available
 
-
-def _run_ray(tasks: list[Task], options: TaskOptions, jobs: int | None, address: str | None) \
-        -> Iterator[list[BatchResult]]:
-    import logging
-
-    import ray
-
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            # A local instance: nothing leaves this machine (no dashboard, no usage report unless the user asked).
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=jobs or os.cpu_count() or 1, **kwargs)
-        started = True
-    try:
-        remote = ray.remote(num_cpus=1, max_retries=1)(run_task)
-        pending = {remote.remote(ref, pairs, options): (ref, pairs) for ref, pairs in tasks}
-        waiting = list(pending)
-        while waiting:
-            done, waiting = ray.wait(waiting, num_returns=min(len(waiting), 8), timeout=0.5)
-            for obj in done:
-                try:
-                    yield ray.get(obj)
-                except Exception as e:  # noqa: BLE001 - a task whose worker died: error lines, the batch goes on
-                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                    yield _failed_task(pending[obj], RuntimeError(f"the Ray task failed: {type(e).__name__}: "
-                                                                  f"{first}"))
-    finally:
-        if started:
-            ray.shutdown()
+    return available()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -786,8 +947,7 @@ def _generate(refs: list[ModelRef], pairs: list[tuple[int, int]], options: TaskO
             tasks.append((ref, todo))
     if not tasks:
         return
-    runner = _run_ray(tasks, options, jobs, ray_address) if executor == "ray" else _run_local(tasks, options, jobs)
-    for lines in runner:
+    for lines in _run(tasks, options, jobs, executor, ray_address):
         yield from lines
 
 
@@ -963,8 +1123,9 @@ class BatchSummary:
 
 def batch_exit_code(results: Sequence[BatchResult], comparison: BatchComparison | None = None, *,
                     strict: bool = False) -> int:
-    """The batch's exit code: 1 when some line has an error finding (with a comparison: when there is a new error
-    instead), or with `strict` when some line could not run; else 0. Bad usage (exit 2) is raised before.
+    """The batch's exit code: 4 when some line is an internal error (a tpaudit bug); else 1 when some line has an
+    error finding (with a comparison: when there is a new error instead), or with `strict` when some line could not
+    run; else 0. Bad usage (exit 2) is raised before.
 
     Args:
         results (`Sequence[BatchResult]`): every line.
@@ -972,8 +1133,10 @@ def batch_exit_code(results: Sequence[BatchResult], comparison: BatchComparison 
         strict (`bool`, *optional*, defaults to `False`): error lines (unreadable models) fail the batch too.
 
     Returns:
-        `int`, 0 or 1.
+        `int`, 0, 1 or 4.
     """
+    if any(r.exit_code == int(ExitCode.INTERNAL) for r in results):
+        return int(ExitCode.INTERNAL)  # a tpaudit bug in some line is never a pass (run.executor's policy)
     if comparison is not None:
         failing = bool(comparison.new_errors)
     else:

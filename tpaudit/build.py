@@ -35,7 +35,6 @@ from .errors import ConfigError, PlanError, UsageError
 from .mapping import CheckpointMapping
 from .model import ModelSource
 
-MAX_LAYERS = 4096
 # the advice of a config error (`ConfigError.fix`), apart from its reason so that `scan` can drop it for transformers'
 # own default configs
 FIX_CONFIG = "Fix the config"
@@ -283,60 +282,6 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
     return cls, note
 
 
-# Config attributes that must be positive integers when a config sets them (heads, sizes), and counts that must not
-# be negative. A value transformers' own validators accept but no model can have (hidden_size 0) would otherwise
-# build a model of empty tensors and pass.
-_POSITIVE = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
-             "head_dim", "moe_intermediate_size", "num_hidden_layers")
-# attributes a config may give per layer, as a list (gemma3n: `intermediate_size`)
-_PER_LAYER = ("intermediate_size", "moe_intermediate_size", "num_key_value_heads", "head_dim")
-_NON_NEGATIVE = ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
-                 "shared_expert_intermediate_size", "first_k_dense_replace", "num_global_key_value_heads",
-                 "linear_num_key_heads", "linear_num_value_heads")
-
-
-def _check_plausible(config, owner, owner_path: str, where: str, path: str | None) -> None:
-    """Refuse values no model has before building every layer on the meta device.
-
-    Raises:
-        ConfigError: a non-positive size or head count, a negative count, KV heads that exceed the attention heads,
-            or a depth above `MAX_LAYERS`, naming the attribute (dotted from the top-level config).
-    """
-    tf = backend()
-    configs = [("", config)] + ([(owner_path, owner)] if owner is not config else [])
-    for prefix, cfg in configs:
-        def name(attr: str) -> str:
-            return f"{prefix}.{attr}" if prefix else attr
-
-        for attr in _POSITIVE + _NON_NEGATIVE:
-            value = tf.config_value(cfg, attr)
-            if value is None:
-                continue
-            if isinstance(value, (list, tuple)) and value and attr in _PER_LAYER and \
-                    all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                value = min(value)  # one value per layer (gemma3n's intermediate_size): each must hold
-            if isinstance(value, bool) or not isinstance(value, int):
-                if attr in _POSITIVE:
-                    raise ConfigError(f"{where}: {name(attr)} = {str(value)[:40]} is not an integer",
-                                      fix=FIX_CONFIG, path=path)
-                continue
-            if attr in _POSITIVE and value <= 0 and not (attr == "num_hidden_layers" and value == 0):
-                raise ConfigError(f"{where}: {name(attr)} = {value} must be a positive integer",
-                                  fix=FIX_CONFIG, path=path)
-            if value < 0:
-                raise ConfigError(f"{where}: {name(attr)} = {value} must not be negative", fix=FIX_CONFIG,
-                                  path=path)
-        layers = tf.config_value(cfg, "num_hidden_layers")
-        if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
-            raise ConfigError(f"{where}: num_hidden_layers = {layers} is not a plausible depth (0 to {MAX_LAYERS}): "
-                              "tpaudit builds every layer on the meta device", fix=FIX_CONFIG, path=path)
-        heads, kv = tf.config_value(cfg, "num_attention_heads"), tf.config_value(cfg, "num_key_value_heads")
-        if isinstance(heads, int) and isinstance(kv, int) and kv > heads:
-            raise ConfigError(f"{where}: {name('num_key_value_heads')} = {kv} exceeds {name('num_attention_heads')} "
-                              f"= {heads}: each KV head serves a group of attention heads", fix=FIX_CONFIG,
-                              path=path)
-
-
 def _resolve_dtype(config, source: ModelSource, notes: list[str], override: str | None = None):
     """`dtype="auto"` as `modeling_utils._get_dtype` resolves it, or `override` (`from_pretrained(dtype=...)`)."""
     import torch
@@ -398,7 +343,9 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
     config = copy.deepcopy(options.config) if options.config is not None else \
         load_config(source, trust_remote_code=options.trust_remote_code)
     owner, owner_path = tf.text_config(config)
-    _check_plausible(config, owner, owner_path, where, source.config_path)
+    from .plausible import check_plausible
+
+    check_plausible(config, owner, owner_path, where, source.config_path)
     original_plan = dict(options.plan_override) if options.plan_override is not None else tf.base_plan(owner)
     if options.plan_override is not None:
         owner.base_model_tp_plan = dict(options.plan_override)

@@ -641,11 +641,17 @@ class Location:
             a Hub config.
         line (`int`, *optional*): the line in that file that names the rule key or config attribute.
         logical (`str`): the parameter, rule key or config attribute the finding is about.
+        uri (`str`, *optional*): `path` as a SARIF artifact URI (percent-encoded; relative to `uri_base` when set,
+            else a `file:` or `https:` URI), worked out by `audit.artifact_uri`.
+        uri_base (`str`, *optional*): `"%SRCROOT%"` when `uri` is relative to the root of the git repository that
+            holds the file, `None` otherwise.
     """
 
     path: str | None
     line: int | None
     logical: str
+    uri: str | None = None
+    uri_base: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ width; building on the meta device allocates nothing and takes about 0.1 s per m
 little and would have to keep every per-layer kind (dense-first layers, hybrid attention, MTP layers) represented.
 At full depth they are represented by construction, and the bytes are the default config's exact bytes.
 
-Workers are processes (`--jobs`), each importing torch and transformers once and simulating many types; a type that
-fails to build is reported `build_failed` with the reason and never stops the scan.
+Workers are processes (`--jobs`, through `tpaudit.run.executor`, the executor `batch` uses too), each importing torch
+and transformers once and simulating many types; a type that transformers cannot build is reported `build_failed`
+with the reason, a tpaudit bug while scanning one is an `internal_error` row (the scan then exits 4), and neither stops
+the scan.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class ScanResult:
     """One architecture's row of the scan (JSON-serialisable via `to_json`).
 
     Attributes:
-        model_type (`str`), status (`str`: `ok`, `no_plan`, `build_failed`, `no_model_class`),
+        model_type (`str`), status (`str`: `ok`, `no_plan`, `build_failed`, `no_model_class`, `internal_error`),
         architecture (`str`, *optional*), reason (`str`, *optional*): why it did not build or has no plan.
         total_param_bytes, worst_rank_param_bytes, replicated_bytes (`int`, *optional*): as in `tpaudit/check/v1`.
         replicated (`list[dict]`), unused_rules (`list[str]`), findings (`list[dict]`): as in the check report.
@@ -91,8 +93,8 @@ class ScanResult:
 
     @property
     def failing(self) -> bool:
-        """It does not build, or it has an error finding (what the CI gate fails on)."""
-        return self.status == "build_failed" or self.errors > 0
+        """It does not build, hit a tpaudit bug, or has an error finding (what the CI gate fails on)."""
+        return self.status in ("build_failed", "internal_error") or self.errors > 0
 
     @property
     def replicated_share(self) -> float | None:
@@ -134,9 +136,18 @@ def model_types() -> list[str]:
     return sorted(backend().config_classes().keys())
 
 
+def _first_lines(e: BaseException) -> str:
+    # the first two lines: validators put the reason on the second ("...'validate_architecture':\n ValueError: ...")
+    first = " ".join(ln.strip() for ln in str(e).strip().splitlines()[:2])[:300]
+    return f"{type(e).__name__}: {first}"
+
+
 def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
-    """Build `model_type`'s default config on the meta device at full depth and simulate it at `tp_size`. Never
-    raises: failures become `build_failed` rows.
+    """Build `model_type`'s default config on the meta device at full depth and simulate it at `tp_size`.
+
+    What transformers refuses is a row: a default config it cannot make, or a model class that does not build from
+    it, is `build_failed` with the reason. Anything else that raises is a tpaudit bug and is not caught here: the
+    executor (`tpaudit.run.executor`) makes it an `internal_error` row, and the scan exits 4.
 
     Args:
         model_type (`str`): a key of transformers' `CONFIG_MAPPING`.
@@ -144,68 +155,67 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
         parity (`"off" | "auto" | "on"`): the parity check (`scan --parity` runs it where the plan needs evidence).
     """
     start = time.perf_counter()
-    try:
-        from .audit import Audit
-        from .build import BuildOptions
-        from .compat import backend
-        from .errors import ConfigError, TpauditError
-        from .model import ModelSource, ParallelSizes
+    from .audit import Audit
+    from .build import BuildOptions
+    from .compat import backend
+    from .errors import ConfigError, TpauditError
+    from .model import ModelSource, ParallelSizes
 
-        tf = backend()
-        config_cls = tf.config_classes()[model_type]
-        classes = [(n, c) for n in tf.model_class_names(model_type, config_cls)
-                   if (c := tf.model_class_by_name(n)) is not None]
-        if not classes:
-            return ScanResult(model_type, "no_model_class", reason="no causal-LM, image-text-to-text or base model "
-                                                                   "class", seconds=time.perf_counter() - start)
-        if not any(tf.declares_plan(config_cls, cls) for _, cls in classes):
-            return ScanResult(model_type, "no_plan", architecture=classes[0][0],
-                              reason="no base_model_tp_plan, base_model_ep_plan or class-level _tp_plan",
-                              seconds=time.perf_counter() - start)
-        config = tf.config_from_class(model_type)
-        source = ModelSource(ref=model_type, kind="local", config={"model_type": model_type})
-        report, failure, class_name = None, None, classes[0][0]
-        for class_name, _ in classes:  # the first class that builds from the default config
-            try:
-                audit = Audit(source, BuildOptions(architecture=class_name, config=config, dtype="bfloat16"))
-                report = audit.report(ParallelSizes.of(tp_size), parity=parity)
-                break
-            except TpauditError as e:
-                # the config is transformers' own default for the type: advice to fix "the config" does not apply
-                reason = e.reason if isinstance(e, ConfigError) else str(e).strip()
-                failure = failure or (class_name, f"{reason} (transformers' default {model_type} config)")
-        if report is None:
-            return ScanResult(model_type, "build_failed", architecture=failure[0], reason=failure[1],
-                              seconds=time.perf_counter() - start)
-        components: dict[str, dict[str, int]] = {}
-        replicated_names = {f.name for f in report.replicated}
-        for g in report.groups:
-            comp = component_of(g.generic_name)
-            if comp is None or g.tied_to is not None or len(g.global_shape) < 2:
-                continue  # norms, biases and other vectors do not colour the heat map
-            entry = components.setdefault(comp, {"bytes": 0, "replicated_bytes": 0})
-            entry["bytes"] += g.total_bytes
-            if g.generic_name in replicated_names:
-                entry["replicated_bytes"] += g.total_bytes
-        status = "no_plan" if any(f.kind == "no_plan" for f in report.findings) else "ok"
-        return ScanResult(
-            model_type, status, architecture=class_name, total_param_bytes=report.total_param_bytes,
-            worst_rank_param_bytes=report.worst_rank_param_bytes, replicated_bytes=report.replicated_bytes,
-            replicated=[{"name": f.name, "bytes": f.bytes, "count": f.count, "severity": f.severity}
-                        for f in report.replicated],
-            unused_rules=list(report.unused_rules), findings=[f.to_json() for f in report.findings],
-            components=components, parity=report.parity.to_json() if report.parity is not None else None,
-            seconds=time.perf_counter() - start)
-    except Exception as e:  # noqa: BLE001 - one architecture never stops the survey
-        # the first two lines: validators put the reason on the second ("...'validate_architecture':\n ValueError: ...")
-        first = " ".join(ln.strip() for ln in str(e).strip().splitlines()[:2])[:300]
-        return ScanResult(model_type, "build_failed", reason=f"{type(e).__name__}: {first}",
+    tf = backend()
+    config_cls = tf.config_classes()[model_type]
+    classes = [(n, c) for n in tf.model_class_names(model_type, config_cls)
+               if (c := tf.model_class_by_name(n)) is not None]
+    if not classes:
+        return ScanResult(model_type, "no_model_class", reason="no causal-LM, image-text-to-text or base model "
+                                                               "class", seconds=time.perf_counter() - start)
+    if not any(tf.declares_plan(config_cls, cls) for _, cls in classes):
+        return ScanResult(model_type, "no_plan", architecture=classes[0][0],
+                          reason="no base_model_tp_plan, base_model_ep_plan or class-level _tp_plan",
                           seconds=time.perf_counter() - start)
+    try:
+        config = tf.config_from_class(model_type)
+    except Exception as e:  # noqa: BLE001 - transformers' own default config: its validators refuse it
+        return ScanResult(model_type, "build_failed", architecture=classes[0][0],
+                          reason=f"{_first_lines(e)} (transformers' default {model_type} config)",
+                          seconds=time.perf_counter() - start)
+    source = ModelSource(ref=model_type, kind="local", config={"model_type": model_type})
+    report, failure, class_name = None, None, classes[0][0]
+    for class_name, _ in classes:  # the first class that builds from the default config
+        try:
+            audit = Audit(source, BuildOptions(architecture=class_name, config=config, dtype="bfloat16"))
+            report = audit.report(ParallelSizes.of(tp_size), parity=parity)
+            break
+        except TpauditError as e:
+            # the config is transformers' own default for the type: advice to fix "the config" does not apply
+            reason = e.reason if isinstance(e, ConfigError) else str(e).strip()
+            failure = failure or (class_name, f"{reason} (transformers' default {model_type} config)")
+    if report is None:
+        return ScanResult(model_type, "build_failed", architecture=failure[0], reason=failure[1],
+                          seconds=time.perf_counter() - start)
+    components: dict[str, dict[str, int]] = {}
+    replicated_names = {f.name for f in report.replicated}
+    for g in report.groups:
+        comp = component_of(g.generic_name)
+        if comp is None or g.tied_to is not None or len(g.global_shape) < 2:
+            continue  # norms, biases and other vectors do not colour the heat map
+        entry = components.setdefault(comp, {"bytes": 0, "replicated_bytes": 0})
+        entry["bytes"] += g.total_bytes
+        if g.generic_name in replicated_names:
+            entry["replicated_bytes"] += g.total_bytes
+    status = "no_plan" if any(f.kind == "no_plan" for f in report.findings) else "ok"
+    return ScanResult(
+        model_type, status, architecture=class_name, total_param_bytes=report.total_param_bytes,
+        worst_rank_param_bytes=report.worst_rank_param_bytes, replicated_bytes=report.replicated_bytes,
+        replicated=[{"name": f.name, "bytes": f.bytes, "count": f.count, "severity": f.severity}
+                    for f in report.replicated],
+        unused_rules=list(report.unused_rules), findings=[f.to_json() for f in report.findings],
+        components=components, parity=report.parity.to_json() if report.parity is not None else None,
+        seconds=time.perf_counter() - start)
 
 
-def _worker(args: tuple[list[str], int, str]) -> list[dict]:
-    types, tp_size, parity = args
-    return [scan_one(t, tp_size, parity).to_json() for t in types]
+def _row(model_type: str, tp_size: int, parity: str) -> dict:
+    """What a worker sends back: one row as JSON."""
+    return scan_one(model_type, tp_size, parity).to_json()
 
 
 def _worker_init() -> None:
@@ -251,18 +261,18 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
     """Scan `selected` model types (default: all) at `tp_size` with `jobs` worker processes.
 
     Raises:
-        UsageError: an unknown model type, or an invalid tp_size.
+        UsageError: an unknown model type, an invalid tp_size, or jobs below 1.
         UnsupportedVersionError: the installed transformers lacks what the seam calls.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     from .compat import versions as installed_versions
-    from .errors import UsageError
+    from .errors import UnsupportedVersionError, UsageError
+    from .run.executor import TaskFailed, internal_error_reason, run_tasks
     from .model import ParallelSizes
 
     start = time.perf_counter()
     ParallelSizes.of(tp_size)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UsageError(f"jobs={jobs!r} is invalid: pass 1 or more worker processes, or None for the CPU count")
     versions = installed_versions()
     all_types = model_types()
     if selected:
@@ -279,13 +289,16 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(types)))
     if jobs > 1 and len(types) <= 4 and selected is not None:
         jobs = 1  # starting workers (each imports torch and transformers) costs more than a few models
-    if jobs == 1:
-        rows = [scan_one(t, tp_size, parity) for t in types]
-    else:
-        chunks = [(types[i::jobs], tp_size, parity) for i in range(jobs)]
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init) as pool:
-            rows = [ScanResult.from_json(row) for part in pool.map(_worker, chunks) for row in part]
+    rows = []
+    for (model_type, _, _), outcome in run_tasks(_row, [(t, tp_size, parity) for t in types], jobs=jobs,
+                                                 initializer=_worker_init, propagate=(UnsupportedVersionError,)):
+        if isinstance(outcome, TaskFailed):  # a tpaudit bug (exit 4), or a worker that stopped
+            status = "internal_error" if outcome.kind == "internal" else "build_failed"
+            reason = internal_error_reason(outcome.error, f"'tpaudit scan --model-type {model_type}'") \
+                if outcome.kind == "internal" else f"the worker process stopped: {outcome.error}"
+            rows.append(ScanResult(model_type, status, reason=reason))
+        else:
+            rows.append(ScanResult.from_json(outcome))
     rows.sort(key=lambda r: r.model_type)
     return ScanReport(tp_size=tp_size, models=rows, versions=versions, selected=selected,
                       seconds=time.perf_counter() - start)

@@ -16,9 +16,11 @@ def report_error(error: BaseException) -> int:
     lines, code = format_error(error)
     if os.environ.get("TPAUDIT_DEBUG") and not isinstance(error, (TpauditError, KeyboardInterrupt)):
         traceback.print_exception(error)
+    from ..report._inert import terminal
+
     for line in lines:
         try:
-            print(line, file=sys.stderr)
+            print(terminal(line), file=sys.stderr)  # a path or name in the message may hold control characters
         except OSError:
             pass
     return code

@@ -44,8 +44,14 @@ def format_option(command: str):
                                        show_default=True)]
 
 
+def _dtype(value: Optional[str]) -> Optional[str]:
+    """`--dtype auto` is the default spelled out (from_pretrained's own `dtype="auto"`): the same as no flag."""
+    return None if value is not None and value.strip().lower() == "auto" else value
+
+
 DtypeOpt = Annotated[Optional[str], typer.Option(
-    "--dtype", help="The dtype passed to from_pretrained (default: auto, from config.json or the checkpoint).")]
+    "--dtype", help="The dtype passed to from_pretrained: auto (the default: from config.json or the checkpoint), "
+                    "bfloat16, float16 or float32.", callback=_dtype)]
 PlanOpt = Annotated[Optional[str], typer.Option(
     "--plan", help="Path of a JSON file holding an object of rule -> style; it replaces the base model's "
                    "base_model_tp_plan (keys relative to the base model, as in configuration_*.py).")]

@@ -38,11 +38,14 @@ def stdout_console(**options):
         def on_broken_pipe(self) -> None:
             raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
-    return _StdoutConsole(**options)
+    return _StdoutConsole(**{"markup": False, **options})
 
 
 def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
-    """Run `draw(console)` on a rich console for the terminal, or render it without colour into `output`."""
+    """Run `draw(console)` on a rich console for the terminal, or render it without colour into `output`.
+
+    The console never reads rich markup (`markup=False`): renderers style with `Text` objects, so a name such as
+    `x[/]y` prints as written instead of being parsed (`tpaudit/report/_inert.py`)."""
     from rich.console import Console
 
     if output is None:
@@ -51,7 +54,7 @@ def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
         draw(stdout_console(width=wide))
         return
     buffer = io.StringIO()
-    draw(Console(file=buffer, width=width, no_color=True))
+    draw(Console(file=buffer, width=width, no_color=True, markup=False))
     write_output(buffer.getvalue(), output)
 
 

@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_gc()
 
+    # rich's help panels need room: below 100 columns they crop option names ("--trust-remote-c…"), so a narrow
+    # terminal gets click's plain help, which wraps and never crops
+    import shutil
+
+    app.rich_markup_mode = "rich" if shutil.get_terminal_size((160, 24)).columns >= 100 else None
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpaudit",

@@ -68,6 +68,42 @@ def _progress():
                     TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_outputs(output: str, report: str | None, inputs: dict[str, str | None]) -> None:
+    """Refuse, before anything is read or written, an OUT that is not a regular file (a FIFO would block the
+    write, a device or directory cannot hold lines that are read back and renamed into place), and an output that
+    is one of the inputs (`batch LIST -o LIST` would overwrite the list) or the other output."""
+    import stat
+
+    from ..errors import UsageError
+
+    try:
+        st = os.stat(output)
+    except FileNotFoundError:
+        st = None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot write -o {output}: {getattr(e, 'strerror', None) or e}. Pass a file path") \
+            from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"cannot write -o {output}: it is not a regular file (a directory, FIFO or device). Pass a "
+                         "file path for the JSON lines")
+    for flag, path in (("-o", output), ("--report", report)):
+        if path is None:
+            continue
+        for name, source in inputs.items():
+            if source is not None and _same_file(path, source):
+                raise UsageError(f"{flag} {path} is the {name} file: the batch would overwrite its own input. Pass "
+                                 f"another path to {flag}")
+    if report is not None and _same_file(output, report):
+        raise UsageError(f"-o and --report both name {output}. Pass different files")
+
+
 def batch(
     model_list: Annotated[str, typer.Argument(
         metavar="LIST", help="A text file of model references, one a line (Hub id, local directory or snapshot, as "
@@ -116,7 +152,7 @@ def batch(
 
     Exit codes: 0 no line has an error finding, 1 some line has one (with --compare: some error is new; with
     --strict: also a model that could not be read), 2 bad usage or input (LIST, sizes, --plan, --compare, Ray
-    missing).
+    missing), 4 some line hit a tpaudit bug (its line says internal error).
     """
     from .. import batching as core
     from ..errors import UsageError
@@ -134,14 +170,15 @@ def batch(
         raise UsageError("--ray-address needs --executor ray. Add --executor ray")
     if resume and refresh:
         raise UsageError("--resume keeps earlier lines and --refresh recomputes them all. Pass only one")
+    _check_outputs(output, report, {"LIST": model_list, "--compare": compare, "--plan": plan})
     refs = core.read_list(model_list)
-    old = core.read_results(compare) if compare is not None else None
+    old = core.read_results(compare, what="--compare file") if compare is not None else None
     pairs, refused = core.size_pairs(tp_sizes, ep_sizes)
     for message in refused:
         print(f"tpaudit: skipped: {message}", file=sys.stderr)
     previous = []
-    if resume and os.path.exists(output):
-        previous = core.read_results(output, partial_ok=True)
+    if resume and os.path.lexists(output):
+        previous = core.read_results(output, partial_ok=True, what="-o file")
 
     total = len(refs) * len(pairs)
     start = time.perf_counter()

@@ -32,7 +32,7 @@ def scan(
     """Simulate every model type (or the ones named) from its default config and report plan coverage.
 
     Exit codes: 0 clean (a full scan is a survey unless --strict), 1 a selected model type has an error finding or
-    failed to build, 2 bad input.
+    failed to build, 2 bad input, 4 a tpaudit bug while scanning some model type (its row says internal_error).
     """
     from ..report import get
     from ..scan import scan as run_scan
@@ -40,9 +40,25 @@ def scan(
 
     from ..model import ParallelSizes
 
+    import sys
+
+    from ..errors import UsageError
+
     get("scan", format)
     ParallelSizes.of(tp, names=("--tp", "--ep"))  # the size in the flag's own words before any work
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs} is invalid: pass 1 or more worker processes (default: the CPU count)")
     report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
     emit("scan", format, report, output)
+    if output is not None:
+        from ..units import plural
+
+        print(f"tpaudit: wrote the scan of {plural(len(report.models), 'model type')} ({format}) to {output}",
+              file=sys.stderr)
+    bugs = [m for m in report.models if m.status == "internal_error"]
+    for m in bugs:
+        print(f"error: {m.model_type}: {m.reason}", file=sys.stderr)
+    if bugs:
+        return 4  # a tpaudit bug while scanning some type: never a pass (tpaudit.run.executor's policy)
     gated = report.models if (model_type or strict) else []
     return 1 if any(m.failing for m in gated) else 0

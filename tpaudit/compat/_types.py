@@ -60,6 +60,8 @@ class QuantizationInfo:
         reason (`str`, *optional*): why it could not run here.
         gpu_view (`bool`): the build was told to size the model as a GPU holds it, although this host would
             dequantize (see `BuildOptions`).
+        known (`bool`): transformers registers `method` (`False`: `from_pretrained` skips quantization altogether;
+            TPA205 says so).
     """
 
     method: str
@@ -68,6 +70,7 @@ class QuantizationInfo:
     dequantize: bool = False
     reason: str | None = None
     gpu_view: bool = False
+    known: bool = True
 
     def to_json(self) -> dict:
         return {"method": self.method, "quantizer": self.quantizer, "ran": self.ran, "dequantize": self.dequantize,

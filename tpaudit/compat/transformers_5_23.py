@@ -309,8 +309,11 @@ class Transformers523:
         qc_dict = qc if isinstance(qc, dict) else qc.to_dict()
         method = str(qc_dict.get("quant_method"))
         try:
-            if not AutoHfQuantizer.supports_quant_method(qc_dict):
-                return None, QuantizationInfo(method, reason=f"transformers does not know quant_method {method!r}")
+            with self.quiet():  # its warning ("Unknown quantization type") is TPA205's to say, once
+                known = AutoHfQuantizer.supports_quant_method(qc_dict)
+            if not known:
+                return None, QuantizationInfo(method, reason=f"transformers does not know quant_method {method!r}",
+                                              known=False)
             with self.quiet():
                 quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
         except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header

@@ -4,10 +4,9 @@ self-contained HTML page. They draw a `BatchSummary` and compute nothing; the JS
 
 from __future__ import annotations
 
-import html
-
 from ..batching import BatchResult, BatchSummary, Change
 from . import renderer
+from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
 from ..units import format_bytes, plural, unit_legend
 
 
@@ -28,7 +27,8 @@ def _headline(summary: BatchSummary) -> list[str]:
         f"{_rate(summary)}; {summary.computed} computed, {summary.cached} from the cache",
         f"models: {m['ok']} clean, {m['findings']} with error findings, {m['error']} with lines that could not run"
         " · lines: "
-        f"{ln['ok']} ok ({summary.lines_with_errors} with error findings), {ln['error']} error",
+        f"{ln['ok']} audited ({ln['ok'] - summary.lines_with_errors} clean, {summary.lines_with_errors} with error "
+        f"findings), {ln['error']} could not run",
         f"findings: {plural(f['error'], 'error')}, {plural(f['warning'], 'warning')}, {plural(f['note'], 'note')}",
     ]
 
@@ -55,16 +55,16 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
     lines = _headline(summary)
     console.print(Text(f"tpaudit batch · {lines[0]}", style="bold"))
     for line in lines[1:]:
-        console.print(line)
+        console.print(Text(line))
     console.print(Text(unit_legend(unit), style="dim"))
     for message in summary.refused:
-        console.print(Text(f"left out: {message}", style="dim"))
+        console.print(Text(f"left out: {inert(message)}", style="dim"))
     if summary.worst:
         t = Table(title="Worst offenders: bytes every rank holds whole", title_justify="left", header_style="bold")
         for col in ("model", "tp", "ep", "replicated", "share", "worst rank", "errors"):
             t.add_column(col, overflow="fold", justify="left" if col == "model" else "right")
         for r in summary.worst[:max_rows]:
-            t.add_row(r.model, str(r.tp_size), str(r.ep_size), _bytes(r.replicated_bytes, unit), _share(r),
+            t.add_row(Text(inert(r.model)), str(r.tp_size), str(r.ep_size), _bytes(r.replicated_bytes, unit), _share(r),
                       _bytes(r.worst_rank_param_bytes, unit), str(r.errors), style="red" if r.errors else "")
         console.print(t)
     if summary.failed:
@@ -72,13 +72,14 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
         for col in ("model", "tp", "ep", "exit", "reason"):
             t.add_column(col, overflow="fold")
         for r in summary.failed[:max_rows]:
-            t.add_row(r.model, str(r.tp_size), str(r.ep_size), str(r.exit_code), r.reason or "", style="red")
+            t.add_row(Text(inert(r.model)), str(r.tp_size), str(r.ep_size), str(r.exit_code), Text(inert(r.reason)),
+                      style="red")
         console.print(t)
         if len(summary.failed) > max_rows:
             console.print(f"... and {len(summary.failed) - max_rows} more error lines (see OUT)")
     c = summary.comparison
     if c is not None:
-        console.print(Text(f"Compared with {c.previous}: {plural(len(c.new_errors), 'new error')}, "
+        console.print(Text(f"Compared with {inert(c.previous)}: {plural(len(c.new_errors), 'new error')}, "
                            f"{len(c.fixed_errors)} fixed, {len(c.worse)} worse, {len(c.better)} better, "
                            f"{c.added} lines added, {c.removed} removed", style="bold"))
         for title, rows, style in (("New errors", c.new_errors, "red"), ("Fixed errors", c.fixed_errors, "green")):
@@ -87,7 +88,8 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
                 for col in ("model", "tp", "ep", "error"):
                     t.add_column(col, overflow="fold")
                 for ch in rows[:max_rows]:
-                    t.add_row(ch.model, str(ch.tp_size), str(ch.ep_size), ch.what, style=style)
+                    t.add_row(Text(inert(ch.model)), str(ch.tp_size), str(ch.ep_size), Text(inert(ch.what)),
+                              style=style)
                 console.print(t)
         moved = list(c.worse) + list(c.better)
         if moved:
@@ -95,13 +97,9 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
             for col in ("model", "tp", "ep", "worst rank"):
                 t.add_column(col, overflow="fold")
             for ch in moved[:max_rows]:
-                t.add_row(ch.model, str(ch.tp_size), str(ch.ep_size), _change_sizes(ch, unit),
+                t.add_row(Text(inert(ch.model)), str(ch.tp_size), str(ch.ep_size), _change_sizes(ch, unit),
                           style="red" if ch in c.worse else "green")
             console.print(t)
-
-
-def _md(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 @renderer("batch", "markdown")
@@ -110,35 +108,35 @@ def render_markdown(summary: BatchSummary, *, unit: str = "GiB", max_rows: int =
     icon = "❌" if summary.exit_code else "✅"
     head = _headline(summary)
     out = [f"### {icon} tpaudit batch: {head[0]}", "", head[1], "", head[2], "", f"_{unit_legend(unit)}_", ""]
-    out += [f"- left out: {_md(m)}" for m in summary.refused]
+    out += [f"- left out: {prose(m)}" for m in summary.refused]
     if summary.worst:
         out += ["#### Worst offenders: bytes every rank holds whole", "",
                 "| model | tp | ep | replicated | share | worst rank | errors |", "|---|---:|---:|---:|---:|---:|---:|"]
-        out += [f"| `{_md(r.model)}` | {r.tp_size} | {r.ep_size} | {_bytes(r.replicated_bytes, unit)} | {_share(r)} | "
+        out += [f"| {code(r.model)} | {r.tp_size} | {r.ep_size} | {_bytes(r.replicated_bytes, unit)} | {_share(r)} | "
                 f"{_bytes(r.worst_rank_param_bytes, unit)} | {r.errors} |" for r in summary.worst[:max_rows]]
         out.append("")
     if summary.failed:
         out += ["#### Could not be audited", "", "| model | tp | ep | exit | reason |", "|---|---:|---:|---:|---|"]
-        out += [f"| `{_md(r.model)}` | {r.tp_size} | {r.ep_size} | {r.exit_code} | {_md(r.reason or '')} |"
+        out += [f"| {code(r.model)} | {r.tp_size} | {r.ep_size} | {r.exit_code} | {prose(r.reason or '')} |"
                 for r in summary.failed[:max_rows]]
         if len(summary.failed) > max_rows:
             out.append(f"\n... and {len(summary.failed) - max_rows} more error lines (see OUT)")
         out.append("")
     c = summary.comparison
     if c is not None:
-        out += [f"#### Compared with `{_md(c.previous)}`", "",
+        out += [f"#### Compared with {code(c.previous, table=False)}", "",
                 f"{plural(len(c.new_errors), 'new error')}, {len(c.fixed_errors)} fixed, {len(c.worse)} worse, "
                 f"{len(c.better)} better, {c.added} lines added, {c.removed} removed", ""]
         for title, rows in (("New errors", c.new_errors), ("Fixed errors", c.fixed_errors)):
             if rows:
                 out += [f"**{title}**", "", "| model | tp | ep | error |", "|---|---:|---:|---|"]
-                out += [f"| `{_md(ch.model)}` | {ch.tp_size} | {ch.ep_size} | {_md(ch.what)} |"
+                out += [f"| {code(ch.model)} | {ch.tp_size} | {ch.ep_size} | {prose(ch.what)} |"
                         for ch in rows[:max_rows]]
                 out.append("")
         moved = [("worse", ch) for ch in c.worse] + [("better", ch) for ch in c.better]
         if moved:
             out += ["**Worst-rank bytes that moved**", "", "| model | tp | ep | worst rank | |", "|---|---:|---:|---|---|"]
-            out += [f"| `{_md(ch.model)}` | {ch.tp_size} | {ch.ep_size} | {_change_sizes(ch, unit)} | {how} |"
+            out += [f"| {code(ch.model)} | {ch.tp_size} | {ch.ep_size} | {_change_sizes(ch, unit)} | {how} |"
                     for how, ch in moved[:max_rows]]
             out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
@@ -173,14 +171,14 @@ document.querySelectorAll('table.sortable th').forEach(function(th, col){
 
 
 def _num(value: int | float | None, text: str) -> str:
-    return f'<td class="num" data-v="{value if value is not None else -1}">{html.escape(text)}</td>'
+    return f'<td class="num" data-v="{value if value is not None else -1}">{esc(text)}</td>'
 
 
 @renderer("batch", "html")
 def render_html(summary: BatchSummary, *, unit: str = "GiB", **_) -> str:
     """One self-contained page (inline CSS and a few lines of inline JavaScript to sort): the counts, what changed
     against `--compare`, and every line of the batch."""
-    e = html.escape
+    e = esc
     head = _headline(summary)
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              f"<title>tpaudit batch: {e(head[0])}</title><style>{_STYLE}</style></head><body>",

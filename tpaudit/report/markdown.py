@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from ._inert import markdown_code as code, markdown_fence as fenced, markdown_text as prose
 from .wording import load_verdict, parity_verdict, rank_spread
 from . import renderer
 
 _ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
 _PARITY_ICON = {"pass": "✅", "fail": "❌", "error": "❌", "skipped": "➖", "inconclusive": "⚠️"}
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 @renderer("check", "markdown")
@@ -23,13 +20,13 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
     errors, warnings, notes = report.count("error"), report.count("warning"), report.count("note")
     status = "❌" if errors else ("⚠️" if warnings else "✅")
     name = m.get("repo_id") or m.get("ref")
-    lines = [f"### {status} tpaudit: `{name}` at tp_size {sm.tp_size}, ep_size {sm.ep_size}", "",
+    lines = [f"### {status} tpaudit: {code(name, table=False)} at tp_size {sm.tp_size}, ep_size {sm.ep_size}", "",
              f"{plural(errors, 'error')}, {plural(warnings, 'warning')}, {plural(notes, 'note')} · "
              f"{unit_legend(unit)}", "",
-             *([f"> ⚠️ {_cell(report.versions['untested'])}", ""] if report.versions.get("untested") else []),
-             *([f"> ⚠️ {_cell(m['bytes_caveat'])}", ""] if m.get("bytes_caveat") else []),
+             *([f"> ⚠️ {prose(report.versions['untested'])}", ""] if report.versions.get("untested") else []),
+             *([f"> ⚠️ {prose(m['bytes_caveat'])}", ""] if m.get("bytes_caveat") else []),
              "| | |", "|---|---|",
-             f"| model | `{_cell(m.get('architecture'))}` ({_cell(m.get('model_type'))}, {m.get('dtype')}) |",
+             f"| model | {code(m.get('architecture'))} ({prose(m.get('model_type'))}, {prose(m.get('dtype'))}) |",
              f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]
     ranks = sm.rank_param_bytes
     spread = rank_spread(ranks, unit)
@@ -41,19 +38,19 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
     kv = report.kv_cache
     if kv is not None:
         worst = max(kv.bytes_per_token_per_rank or [0])
-        lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({kv.dtype}; KV heads per rank: "
+        lines.append(f"| KV cache per token, worst rank | {format_int(worst)} B ({prose(kv.dtype)}; KV heads per rank: "
                      f"{kv.kv_heads_per_rank}) |")
     if report.loading is not None:
         kind, sentence = load_verdict(report.loading, unit)
-        lines.append(f"| load | {'❌ ' if kind == 'fail' else ''}{_cell(sentence)} |")
+        lines.append(f"| load | {'❌ ' if kind == 'fail' else ''}{prose(sentence)} |")
     if report.parity is not None:
         kind, sentence = parity_verdict(report.parity)
-        lines.append(f"| parity | {_PARITY_ICON[kind]} {_cell(sentence)} |")
+        lines.append(f"| parity | {_PARITY_ICON[kind]} {prose(sentence)} |")
     if report.findings:
         lines += ["", "#### Findings", "", "| | code | target | message | fix |", "|---|---|---|---|---|"]
         for f in report.findings[:max_rows]:
-            lines.append(f"| {_ICON[f.severity]} {f.severity} | {f.code} | `{_cell(f.target)}` | {_cell(f.message)} | "
-                         f"{_cell(f.fix)} |")
+            lines.append(f"| {_ICON[f.severity]} {f.severity} | {f.code} | {code(f.target)} | {prose(f.message)} | "
+                         f"{prose(f.fix)} |")
         if len(report.findings) > max_rows:
             lines.append(f"\n{len(report.findings) - max_rows} more findings: run `tpaudit check` locally.")
     if report.replicated:
@@ -61,7 +58,7 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
                       f"{format_bytes(report.replicated_bytes, unit)}</summary>", "",
                   "| name | count | bytes | reason |", "|---|---:|---:|---|"]
         for fam in report.replicated[:max_rows]:
-            lines.append(f"| `{_cell(fam.name)}` | {fam.count} | {format_bytes(fam.bytes, unit)} | {_cell(fam.reason)} |")
+            lines.append(f"| {code(fam.name)} | {fam.count} | {format_bytes(fam.bytes, unit)} | {prose(fam.reason)} |")
         if len(report.replicated) > max_rows:
             rest = report.replicated[max_rows:]
             lines.append(f"| and {len(rest)} more families | {sum(f.count for f in rest)} | "
@@ -69,17 +66,19 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
         lines += ["", "</details>"]
     if report.unused_rules:
         lines += ["", "<details><summary>Rules that match nothing</summary>", ""]
-        lines += [f"- `{r}`" for r in report.unused_rules]
+        lines += [f"- {code(r, table=False)}" for r in report.unused_rules[:max_rows]]
+        if len(report.unused_rules) > max_rows:
+            lines.append(f"- and {len(report.unused_rules) - max_rows:,} more: `--format json` lists them all")
         lines += ["", "</details>"]
     if report.suggestion is not None and report.suggestion.snippet:
-        lines += ["", "#### Suggested plan", "", "```python", report.suggestion.snippet.rstrip(), "```"]
+        lines += ["", "#### Suggested plan", "", *fenced(report.suggestion.snippet.rstrip(), "python")]
     if report.baseline is not None:
-        lines += ["", f"{report.baseline.suppressed} finding(s) accepted by the baseline `{report.baseline.file}` are "
-                      "not shown."]
+        lines += ["", f"{report.baseline.suppressed} finding(s) accepted by the baseline "
+                      f"{code(report.baseline.file, table=False)} are not shown."]
     if report.notes:
-        lines += ["", "<details><summary>Notes</summary>", ""] + [f"- {_cell(n)}" for n in report.notes] + \
+        lines += ["", "<details><summary>Notes</summary>", ""] + [f"- {prose(n)}" for n in report.notes] + \
                  ["", "</details>"]
     versions = report.versions
-    lines += ["", f"<sub>tpaudit {versions.get('tpaudit')} · transformers {versions.get('transformers')} · "
-                  f"torch {versions.get('torch')}</sub>"]
+    lines += ["", f"<sub>tpaudit {prose(versions.get('tpaudit'))} · transformers {prose(versions.get('transformers'))} "
+                  f"· torch {prose(versions.get('torch'))}</sub>"]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,10 @@
 """`--format sarif`: SARIF 2.1.0 for code scanning. Each finding is a result whose `ruleId` is its code; its location
 is the one the report stage worked out from the rule's declaration (`Finding.location`: the `--plan` file for plan
 findings when there is one, else the model's config, at the line that names the rule key or config attribute), and
-the parameter or rule as a logical location. Nothing is read or computed here."""
+the parameter or rule as a logical location. Artifact URIs are percent-encoded and relative to the git repository
+that holds the file (`uriBaseId` `%SRCROOT%`), else to the current directory, else absolute `file:` URIs
+(`audit.artifact_uri`). Each rule carries `helpUri` (its row of the README's findings table). Nothing is read or
+computed here."""
 
 from __future__ import annotations
 
@@ -11,6 +14,10 @@ from ..model import Report
 from . import renderer
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+INFORMATION_URI = "https://pypi.org/project/tpaudit/"
+HELP_URI = INFORMATION_URI + "#{anchor}"
+"""A rule's `helpUri`: its row of the findings table in the README (the project page), anchored by the lower-case
+code (`#tpa001`); `tpaudit explain CODE` prints the same entry offline, and `help` carries it in the log."""
 
 
 @renderer("check", "sarif")
@@ -30,6 +37,7 @@ def render(report: Report, **_) -> str:
             "shortDescription": {"text": r.summary if r else code},
             "fullDescription": {"text": sections.get("What it detects", r.summary if r else code)},
             "help": {"text": help_md, "markdown": help_md},
+            "helpUri": HELP_URI.format(anchor=code.lower()),
             "defaultConfiguration": {"level": r.severity if r else "warning"},
             "properties": {"tags": ["tensor-parallel", r.family if r else "tpaudit"]},
         })
@@ -37,7 +45,10 @@ def render(report: Report, **_) -> str:
     for f in report.findings:
         location: dict = {"logicalLocations": [{"fullyQualifiedName": f.target, "kind": "member"}]}
         if f.location is not None and f.location.path:
-            physical: dict = {"artifactLocation": {"uri": f.location.path}}
+            artifact: dict = {"uri": f.location.uri or f.location.path}
+            if f.location.uri_base:
+                artifact["uriBaseId"] = f.location.uri_base
+            physical: dict = {"artifactLocation": artifact}
             if f.location.line:
                 physical["region"] = {"startLine": f.location.line}
             location["physicalLocation"] = physical
@@ -55,7 +66,7 @@ def render(report: Report, **_) -> str:
         "runs": [{
             "tool": {"driver": {"name": "tpaudit", "version": report.versions.get("tpaudit", ""),
                                 "semanticVersion": report.versions.get("tpaudit", ""),
-                                "informationUri": "https://pypi.org/project/tpaudit/", "rules": rules}},
+                                "informationUri": INFORMATION_URI, "rules": rules}},
             "results": results,
             "invocations": [{"executionSuccessful": True}],
             "properties": {"model": m.get("repo_id") or m.get("ref"), "tp_size": report.tp_size,

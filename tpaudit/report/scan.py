@@ -3,10 +3,9 @@ with a coverage heat map (no network at view time: inline CSS and a few lines of
 
 from __future__ import annotations
 
-import html
-
 from ..scan import COMPONENTS, ScanReport
 from . import renderer
+from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
 from ..units import format_bytes, plural, shorten, unit_legend
 
 
@@ -27,10 +26,11 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
             continue
         share = m.replicated_share
         style = "red" if m.errors else ("dim" if m.status != "ok" else "")
-        t.add_row(m.model_type, m.status + (f": {shorten(m.reason or '', 160)}" if m.status == "build_failed" else ""),
+        t.add_row(Text(inert(m.model_type)),
+                  Text(inert(m.status + (f": {shorten(m.reason or '', 160)}" if m.status == "build_failed" else ""))),
                   str(m.errors), format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else "-",
-                  f"{share:.1%}" if share is not None else "-", m.error_families(), str(len(m.unused_rules)),
-                  style=style)
+                  f"{share:.1%}" if share is not None else "-", Text(inert(m.error_families())),
+                  str(len(m.unused_rules)), style=style)
     console.print(t)
 
 
@@ -45,9 +45,9 @@ def render_markdown(report: ScanReport, **_) -> str:
         if m.status == "no_model_class":
             continue
         share = m.replicated_share
-        lines.append(f"| `{m.model_type}` | {m.status} | {m.errors} | "
+        lines.append(f"| {code(m.model_type)} | {prose(m.status)} | {m.errors} | "
                      f"{format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else '-'} | "
-                     f"{f'{share:.1%}' if share is not None else '-'} | {m.error_families().replace('|', '/')} |")
+                     f"{f'{share:.1%}' if share is not None else '-'} | {prose(m.error_families())} |")
     return "\n".join(lines) + "\n"
 
 
@@ -60,13 +60,17 @@ def _colour(share: float | None) -> str:
     return f"rgb({r},{g},70)"
 
 
+# Laid out to fit 1400 px: the component cells are narrow, and the error families (long dotted names without a
+# blank) wrap anywhere inside a bounded column instead of widening the table.
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
 table{border-collapse:collapse;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:left}
 th{background:#eee;cursor:pointer;position:sticky;top:0}
-td.cell{text-align:center;min-width:70px;color:#111}
+td.cell{text-align:center;min-width:52px;color:#111}
 td.num{text-align:right}
+td.fams{max-width:300px;overflow-wrap:anywhere;font-size:12px}
+td.type{max-width:220px;overflow-wrap:anywhere}
 .legend span{display:inline-block;width:40px;height:12px;margin-right:4px}
 """
 
@@ -104,27 +108,27 @@ def render_html(report: ScanReport, **_) -> str:
                 cells.append('<td class="cell" data-v="-1" style="background:#f7f7f7"></td>')
                 continue
             s = entry["replicated_bytes"] / entry["bytes"]
-            title = html.escape(f"{comp}: {format_bytes(entry['replicated_bytes'])} of {format_bytes(entry['bytes'])} "
+            title = esc(f"{comp}: {format_bytes(entry['replicated_bytes'])} of {format_bytes(entry['bytes'])} "
                                 "replicated on every rank")
             cells.append(f'<td class="cell" data-v="{s:.4f}" title="{title}" style="background:{_colour(s)}">'
                          f"{s:.0%}</td>")
-        fams = html.escape(m.error_families(4))
-        reason = html.escape(m.reason or "")
+        fams = esc(m.error_families(4))
+        reason = esc(m.reason or "")
         rows.append(
-            f"<tr><td>{html.escape(m.model_type)}</td><td title=\"{reason}\">{html.escape(m.status)}</td>"
+            f"<tr><td class=\"type\">{esc(m.model_type)}</td><td title=\"{reason}\">{esc(m.status)}</td>"
             f'<td class="num" data-v="{errors}">{errors}</td>'
             f'<td class="num" data-v="{share if share is not None else -1:.4f}">'
             f"{'' if share is None else f'{share:.1%}'}</td>"
             f'<td class="num" data-v="{m.total_param_bytes or 0}">'
             f"{format_bytes(m.total_param_bytes) if m.total_param_bytes else ''}</td>"
-            + "".join(cells) + f"<td>{fams}</td></tr>")
+            + "".join(cells) + f"<td class=\"fams\">{fams}</td></tr>")
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(report.counts.items()))
-    versions = html.escape(", ".join(f"{k} {v}" for k, v in report.versions.items()))
+    versions = esc(", ".join(f"{k} {v}" for k, v in report.versions.items()))
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>tpaudit scan: tp_size {report.tp_size}</title><style>{_STYLE}</style></head><body>"
         f"<h1>TP plan coverage at tp_size {report.tp_size}</h1>"
-        f"<p>{len(report.models)} model types ({html.escape(counts)}). Each cell: the share of that component's "
+        f"<p>{len(report.models)} model types ({esc(counts)}). Each cell: the share of that component's "
         "weights (2-D and larger) that every rank holds whole because no rule shards it. Click a header to sort. "
         f"{versions}.</p>"
         "<p class=\"legend\"><span style=\"background:rgb(0,200,70)\"></span>0% "

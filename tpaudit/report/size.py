@@ -3,8 +3,6 @@ self-contained HTML page with one stacked bar per option against the GPU's capac
 
 from __future__ import annotations
 
-import html
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -13,6 +11,7 @@ from ..sizing import SizeOption, SizeReport
 from ..training import describe
 from ..units import format_bytes, format_int, unit_legend
 from . import renderer
+from ._inert import html as _esc, terminal as inert
 
 _BAR = 48
 
@@ -74,6 +73,12 @@ def _bar(parts: list[tuple[str, int]], capacity: int) -> Text:
     return text
 
 
+def _free(capacity: int, total: int, unit: str) -> str:
+    """What is left of a GPU, or by how much it is short: never a negative size."""
+    left = capacity - total
+    return format_bytes(left, unit) if left >= 0 else f"short by {format_bytes(-left, unit)}"
+
+
 def _context_cell(option: SizeOption) -> str:
     fit = option.context_fit
     if fit is None:
@@ -99,9 +104,9 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
     invalid reasons, one bar per option (worst rank) and one per rank of the recommended option."""
     cap = report.gpu["memory_bytes"]
     name = report.gpu.get("name") or "GPU"
-    console.print(Text(f"tpaudit size · {report.model.get('repo_id') or report.model.get('ref')} · {name} "
+    console.print(Text(f"tpaudit size · {inert(report.model.get('repo_id') or report.model.get('ref'))} · {inert(name)} "
                        f"{format_bytes(cap, unit)} per GPU · context {report.context:,} x batch {report.batch} · "
-                       f"KV cache {report.kv_dtype} · {unit_legend(unit)}", style="bold"))
+                       f"KV cache {inert(report.kv_dtype)} · {unit_legend(unit)}", style="bold"))
     rec = report.recommended
     training = report.training is not None
     t = Table(header_style="bold", title="Serving" if training else None)
@@ -116,7 +121,7 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
         else:
             row += [format_bytes(w.param_bytes, unit), format_bytes(o.naive_param_bytes, unit),
                     format_bytes(w.kv_cache_bytes + w.state_bytes, unit), format_bytes(w.overhead_bytes, unit),
-                    format_bytes(w.total_bytes, unit), format_bytes(cap - w.total_bytes, unit), mark,
+                    format_bytes(w.total_bytes, unit), _free(cap, w.total_bytes, unit), mark,
                     _context_cell(o)]
         style = "bold green" if rec is o and not training else ("dim" if not o.valid else "")
         t.add_row(*row, style=style)
@@ -129,12 +134,12 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
         _render_training_table(report, console, unit)
     for o in report.options:
         if not o.valid and o.reason:
-            console.print(Text(f"tp {o.tp_size} ep {o.ep_size} invalid: ", style="bold") + Text(o.reason))
+            console.print(Text(f"tp {o.tp_size} ep {o.ep_size} invalid: ", style="bold") + Text(inert(o.reason)))
         elif o.errors:
             shown = ", ".join(o.errors[:3]) + (f" and {len(o.errors) - 3} more" if len(o.errors) > 3 else "")
             console.print(Text(f"tp {o.tp_size} ep {o.ep_size} loads, but its plan has {len(o.errors)} error "
                                f"finding(s): ", style="bold yellow") +
-                          Text(f"{shown}; the bytes above are what that plan places (tpaudit check --tp {o.tp_size}"
+                          Text(f"{inert(shown)}; the bytes above are what that plan places (tpaudit check --tp {o.tp_size}"
                                f"{f' --ep {o.ep_size}' if o.ep_size > 1 else ''} explains)"))
     keys = ["weights", "grads", "master", "optimizer", "activations", "overhead"] if training else \
         ["weights", "kv", "overhead"]
@@ -165,7 +170,7 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
                            style="bold red"))
     console.print(Text(f"overhead policy: {report.overhead.describe()}", style="dim"))
     for n in report.notes:
-        console.print(Text("note: " + n, style="dim"))
+        console.print(Text("note: " + inert(n), style="dim"))
 
 
 def _render_training_table(report: SizeReport, console: Console, unit: str) -> None:
@@ -187,7 +192,7 @@ def _render_training_table(report: SizeReport, console: Console, unit: str) -> N
             need = tr.required_bytes(w)
             row += [format_bytes(v, unit) for v in (w.param_bytes, w.grad_bytes, w.master_weight_bytes,
                                                     w.optimizer_bytes, w.activation_budget_bytes, tr.overhead_bytes,
-                                                    need, cap - need)] + [mark]
+                                                    need)] + [_free(cap, need, unit), mark]
         t.add_row(*row, style="bold green" if rec is o else ("dim" if not o.valid else ""))
     console.print(t)
     try:
@@ -197,9 +202,9 @@ def _render_training_table(report: SizeReport, console: Console, unit: str) -> N
     console.print(Text(f"training: the worst rank; {recipe}; total = model states + activation budget + overhead",
                        style="dim"))
     for n in report.training_notes:
-        console.print(Text("note: " + n, style="dim"))
+        console.print(Text("note: " + inert(n), style="dim"))
     if report.frozen:
-        names = ", ".join(f["name"] for f in report.frozen[:4]) + (" ..." if len(report.frozen) > 4 else "")
+        names = inert(", ".join(f["name"] for f in report.frozen[:4])) + (" ..." if len(report.frozen) > 4 else "")
         console.print(Text(f"no gradient (parameters only): {names}", style="dim"))
 
 
@@ -254,7 +259,7 @@ def render_html(report: SizeReport, *, unit: str = "GiB", **_) -> str:
     cap = report.gpu["memory_bytes"]
     training = report.training is not None
     rec = report.recommended
-    esc = html.escape
+    esc = _esc
     totals = [sum(v for _, v in parts) for o in report.options if (parts := option_parts(report, o))]
     # A common scale; an option far over capacity is cut at twice the capacity so the others stay readable.
     axis = min(max([cap, *totals]), 2 * cap)
@@ -348,7 +353,7 @@ def _html_table(report: SizeReport, unit: str) -> str:
         group = ('<tr><th colspan="3"></th><th colspan="6" class="l">serving (weights + KV cache for '
                  f'{report.context:,} tokens x batch {report.batch})</th><th colspan="6" class="l">training (model '
                  'states)</th></tr>')
-    out = ["<table><thead>" + group + "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    out = ["<table><thead>" + group + "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in head)
            + "</tr></thead><tbody>"]
     for o in report.options:
         w = o.worst
@@ -371,7 +376,7 @@ def _html_table(report: SizeReport, unit: str) -> str:
                 cells += [_gib(t.grad_bytes, unit), _gib(t.master_weight_bytes, unit), _gib(t.optimizer_bytes, unit),
                           _gib(t.activation_budget_bytes, unit), _gib(tr.required_bytes(t), unit),
                           "yes" if o.training_fits else "no"]
-        out.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        out.append("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")
     out.append(f"</tbody></table><p class=\"notes\">All sizes for the worst rank; capacity {cap:,} B; totals "
                f"include the overhead ({_gib(report.overhead.bytes_for(cap), unit)} per GPU). Max context: the longest "
                f"context in tokens whose KV cache for {report.batch} sequence(s) fits next to the weights; "

@@ -7,13 +7,13 @@ snippets (`--suggest`) are printed unwrapped."""
 from __future__ import annotations
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
+from ._inert import terminal as inert
 from .wording import load_verdict, parity_verdict, rank_spread
 from . import renderer
 
@@ -22,6 +22,10 @@ _PARITY_STYLE = {"pass": "green", "fail": "bold red", "error": "bold red", "skip
 _SHARDING_MARK = {"sharded": "", "replicated_by_rule": "=", "unsharded": "✗"}
 FAMILY_ROWS = 12
 REPLICATED_ROWS = 8
+FINDING_ROWS = 60
+"""Findings drawn as rows (errors first); the rest are counted in one line. A plan of 300,000 dead rules is 300,000
+TPA002 warnings: drawing them all took minutes and GBs, and no one reads them on a terminal (`--format json`)."""
+UNUSED_RULES_SHOWN = 20
 
 
 def _shape(shape) -> str:
@@ -34,14 +38,16 @@ def _summary(report: Report, unit: str) -> Table:
     t.add_column(style="bold")
     t.add_column()
     m = report.model
-    t.add_row("model", f"{escape(m['ref'])}  ({m.get('model_type')}, {m.get('architecture')}, {m.get('dtype')})")
+    t.add_row("model", Text(f"{inert(m['ref'])}  ({inert(m.get('model_type'))}, {inert(m.get('architecture'))}, "
+                            f"{inert(m.get('dtype'))})"))
     if m.get("repo_id"):
         where = "Hub repo" if m.get("kind") == "hub" else "recorded from"
         rev = m.get("commit") or m.get("revision")
-        t.add_row("source", f"{where} {escape(m['repo_id'])}" + (f" @ {rev}" if rev else " (revision not recorded)"))
+        t.add_row("source", Text(f"{where} {inert(m['repo_id'])}" + (f" @ {inert(rev)}" if rev else
+                                                                      " (revision not recorded)")))
     t.add_row("parallelism", f"tp_size {sm.tp_size}, ep_size {sm.ep_size}, world size {sm.world_size}")
     if m.get("bytes_caveat"):
-        t.add_row("caveat", Text(m["bytes_caveat"], style="bold yellow"))
+        t.add_row("caveat", Text(inert(m["bytes_caveat"]), style="bold yellow"))
     t.add_row("model bytes", f"{format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)})")
     ranks = sm.rank_param_bytes
     worst = sm.worst_rank
@@ -55,13 +61,13 @@ def _summary(report: Report, unit: str) -> Table:
                                f", {plural(report.count('note'), 'note')}",
                                style="bold red" if report.has_errors else ""))
     if report.versions.get("untested"):
-        t.add_row("transformers", Text(report.versions["untested"], style="yellow"))
+        t.add_row("transformers", Text(inert(report.versions["untested"]), style="yellow"))
     if report.loading is not None:
         kind, sentence = load_verdict(report.loading, unit)
-        t.add_row("load", Text(sentence, style={"fail": "bold red", "decompress": "yellow"}.get(kind, "")))
+        t.add_row("load", Text(inert(sentence), style={"fail": "bold red", "decompress": "yellow"}.get(kind, "")))
     if report.parity is not None:
         kind, sentence = parity_verdict(report.parity)
-        t.add_row("parity", Text(sentence, style=_PARITY_STYLE[kind]))
+        t.add_row("parity", Text(inert(sentence), style=_PARITY_STYLE[kind]))
     return t
 
 
@@ -70,12 +76,20 @@ def _findings_table(report: Report) -> Table:
     t.add_column("severity")
     t.add_column("code")
     t.add_column("message", overflow="fold")
-    for f in report.findings:
-        body = Text(f.message)
+    for f in report.findings[:FINDING_ROWS]:
+        body = Text(inert(f.message))
         if f.fix:
             body.append("\nfix: ", style="bold")
-            body.append(f.fix)
-        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, body)
+            body.append(inert(f.fix))
+        t.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), Text(f.code), body)
+    rest = report.findings[FINDING_ROWS:]
+    if rest:
+        counts: dict[str, int] = {}
+        for f in rest:
+            counts[f"{f.severity} {f.code}"] = counts.get(f"{f.severity} {f.code}", 0) + 1
+        t.add_row("", "", Text(f"and {format_int(len(rest))} more: "
+                               + ", ".join(f"{n:,} {k}" for k, n in counts.items())
+                               + " (--format json lists them all)", style="dim"))
     return t
 
 
@@ -88,7 +102,7 @@ def _replicated_table(report: Report, unit: str) -> Table:
     t.add_column("severity")
     for fam in report.replicated[:REPLICATED_ROWS]:
         style = _SEVERITY_STYLE.get(fam.severity or "", "dim")
-        t.add_row(format_bytes(fam.bytes, unit), str(fam.count), Text(fam.name, style=style),
+        t.add_row(format_bytes(fam.bytes, unit), str(fam.count), Text(inert(fam.name), style=style),
                   Text(fam.severity or "-", style=style))
     if len(report.replicated) > REPLICATED_ROWS:
         rest = report.replicated[REPLICATED_ROWS:]
@@ -97,26 +111,36 @@ def _replicated_table(report: Report, unit: str) -> Table:
     return t
 
 
-def _families_table(report: Report, unit: str, rows: int) -> Table:
+def _families_table(report: Report, unit: str, rows: int, width: int = 160) -> Table:
+    """Module families by bytes on the worst rank. A family name has no blank to wrap at, so on a terminal narrower
+    than 120 columns the whole-model bytes and the styles drop out (`--params all` and JSON have them) and the name
+    keeps the room it needs instead of being cut mid-word."""
     sm = report.shard_map
     families = sm.module_families()
+    wide = width >= 120
     t = Table(title=f"Parameters by module family, largest on rank {sm.worst_rank} first (--params all for every "
                     "parameter)", title_justify="left", header_style="bold")
     t.add_column(f"rank {sm.worst_rank}", justify="right")
-    t.add_column("whole", justify="right")
-    t.add_column("family", overflow="fold")
+    if wide:
+        t.add_column("whole", justify="right")
+    longest = max((len(f.name) for f in families[:rows]), default=10)
+    t.add_column("family", overflow="fold", min_width=min(longest, max(10, width - 40)))
     t.add_column("params", justify="right")
-    t.add_column("styles", overflow="fold")
+    if wide:
+        t.add_column("styles", overflow="fold")
     t.add_column("replicated", justify="right")
     for f in families[:rows]:
-        t.add_row(format_bytes(f.worst_rank_bytes, unit), format_bytes(f.total_bytes, unit), f.name, str(f.params),
-                  ", ".join(f.styles), Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes
-                  else Text("-", style="dim"))
+        replicated = Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes \
+            else Text("-", style="dim")
+        cells = [format_bytes(f.worst_rank_bytes, unit), *([format_bytes(f.total_bytes, unit)] if wide else []),
+                 Text(inert(f.name)), str(f.params), *([Text(inert(", ".join(f.styles)))] if wide else []), replicated]
+        t.add_row(*cells)
     if len(families) > rows:
         rest = families[rows:]
         t.add_row(format_bytes(sum(f.worst_rank_bytes for f in rest), unit),
-                  format_bytes(sum(f.total_bytes for f in rest), unit),
-                  Text(f"and {len(rest)} more families", style="dim"), str(sum(f.params for f in rest)), "", "")
+                  *([format_bytes(sum(f.total_bytes for f in rest), unit)] if wide else []),
+                  Text(f"and {len(rest)} more families", style="dim"), str(sum(f.params for f in rest)),
+                  *([""] if wide else []), "")
     return t
 
 
@@ -144,11 +168,11 @@ def _params_table(report: Report, unit: str, width: int) -> Table:
     for g in report.groups:
         mark = _SHARDING_MARK[g.sharding] if sm.world_size > 1 else ""
         style = "red" if g.generic_name in errors else ""
-        tied = f" (tied to {g.tied_to})" if g.tied_to else ""
+        tied = f" (tied to {inert(g.tied_to)})" if g.tied_to else ""
         local = g.local_shape_rank0 if worst == 0 else g.first.local_shapes[worst]
-        row = [mark, Text(g.generic_name + tied, style=style), str(g.count), g.style or "-"]
+        row = [mark, Text(inert(g.generic_name) + tied, style=style), str(g.count), Text(inert(g.style or "-"))]
         if wide:
-            row += [_shape(g.global_shape), g.dtype]
+            row += [_shape(g.global_shape), Text(inert(g.dtype))]
         row.append(_shape(local))
         if wide:
             row.append(format_bytes(g.total_bytes, unit))
@@ -172,26 +196,30 @@ def render(report: Report, console: Console, *, unit: str = "GiB", params: str =
     if params == "all":
         console.print(_params_table(report, unit, console.width))
     elif params == "families":
-        console.print(_families_table(report, unit, FAMILY_ROWS))
+        console.print(_families_table(report, unit, FAMILY_ROWS, console.width))
     if report.unused_rules:
-        console.print(Text("Rules that match nothing: ", style="bold") + Text(", ".join(report.unused_rules)))
+        shown = report.unused_rules[:UNUSED_RULES_SHOWN]
+        more = len(report.unused_rules) - len(shown)
+        console.print(Text("Rules that match nothing: ", style="bold") + Text(inert(", ".join(shown)))
+                      + Text(f" and {format_int(more)} more" if more else "", style="dim"))
     if report.kv_cache is not None:
         console.print(_kv(report.kv_cache))
     if report.suggestion is not None:
         _suggestion(report.suggestion, unit, console)
     if report.baseline is not None:
-        console.print(Text(f"baseline {report.baseline.file}: {report.baseline.suppressed} known finding(s) not shown",
+        console.print(Text(f"baseline {inert(report.baseline.file)}: {report.baseline.suppressed} known finding(s) "
+                           "not shown",
                            style="dim"))
     if report.notes:
-        console.print(Group(*[Text("note: ", style="dim bold") + Text(n, style="dim") for n in report.notes]))
+        console.print(Group(*[Text("note: ", style="dim bold") + Text(inert(n), style="dim") for n in report.notes]))
 
 
 def _kv(section) -> Text:
     per_rank = section.bytes_per_token_per_rank
     worst = max(per_rank) if per_rank else 0
-    layers = ", ".join(f"{n} {k}" for k, n in sorted(section.layers.items()))
+    layers = inert(", ".join(f"{n} {k}" for k, n in sorted(section.layers.items())))
     text = Text("KV cache: ", style="bold")
-    text.append(f"{format_int(worst)} B per token on the worst rank ({section.dtype}; KV heads: "
+    text.append(f"{format_int(worst)} B per token on the worst rank ({inert(section.dtype)}; KV heads: "
                 f"{section.kv_heads} in all, {_heads(section.kv_heads_per_rank)} per rank; layers: {layers}")
     if section.windows:
         text.append(f"; sliding windows {section.windows} tokens")
@@ -211,9 +239,9 @@ def _suggestion(section, unit: str, console: Console) -> None:
             f"(re-simulated: worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
             f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
         # Meant to be copied: never wrapped or cropped at the terminal's width.
-        console.print(section.snippet.rstrip(), soft_wrap=True, markup=False, highlight=False)
+        console.print(Text(inert(section.snippet.rstrip(), keep_newlines=True)), soft_wrap=True, highlight=False)
     else:
         console.print(Text("No rule to suggest: no sibling architecture shards the replicated families.",
                            style="bold"))
     for item in section.unresolved:
-        console.print(Text("not proposed: ", style="dim bold") + Text(item, style="dim"))
+        console.print(Text("not proposed: ", style="dim bold") + Text(inert(item), style="dim"))

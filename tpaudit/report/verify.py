@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..units import format_bytes, format_int
 from ..verify import VerifyResult
 from . import renderer
+from ._inert import terminal as inert
 
 
 @renderer("verify", "table", rich=True)
@@ -15,7 +16,7 @@ def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: 
     from rich.text import Text
 
     verdict = Text("match" if result.match else "MISMATCH", style="bold green" if result.match else "bold red")
-    console.print(Text(f"tpaudit verify · {result.model.get('ref')} · tp_size {result.tp_size}, ep_size "
+    console.print(Text(f"tpaudit verify · {inert(result.model.get('ref'))} · tp_size {result.tp_size}, ep_size "
                        f"{result.ep_size} · ", style="bold") + verdict)
     t = Table(header_style="bold")
     for col in ("rank", "predicted param bytes", "measured param bytes", "diff", "allocated", "load s"):
@@ -33,7 +34,8 @@ def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: 
             m.add_column(col, overflow="fold")
         for x in result.mismatches[:limit]:
             fmt = (lambda v: "absent" if v is None else f"{v['shape']} {v['dtype']} {v['bytes']:,} B")
-            m.add_row(str(x["rank"]), x["name"], fmt(x["predicted"]), fmt(x["measured"]))
+            m.add_row(str(x["rank"]), Text(inert(x["name"])), Text(inert(fmt(x["predicted"]))),
+                      Text(inert(fmt(x["measured"]))))
         console.print(m)
     for n in result.notes:
-        console.print(Text("note: " + n, style="dim"))
+        console.print(Text("note: " + inert(n), style="dim"))

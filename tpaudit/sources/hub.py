@@ -15,6 +15,12 @@
 
 `HF_ENDPOINT`, `HF_TOKEN` (or the stored login, or `--token`), `HF_HOME`/`HF_HUB_CACHE` and `HF_HUB_OFFLINE` are
 read when the source is opened. A token is passed to the client only; it is never printed or written.
+
+An endpoint is written by someone else too: reading one model has a total deadline (`TPAUDIT_HUB_TIMEOUT`, 120 s by
+default; every request and every retry inside it, so an endpoint that answers the first request and then stalls, or
+sends a byte every few seconds, ends in one error line), and every answer tpaudit reads itself is read as a stream
+with a byte cap (`RESPONSE_MAX_BYTES`; a ranged read stops at the bytes it asked for), so an endless or 3 GiB body
+costs at most the cap.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -32,6 +39,121 @@ from ..units import shorten
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _TRUE = {"1", "ON", "YES", "TRUE"}
+
+DEADLINE_ENV = "TPAUDIT_HUB_TIMEOUT"
+DEFAULT_DEADLINE = 120.0
+"""Seconds to read one model's config and headers from the Hub, every request and retry included."""
+RESPONSE_MAX_BYTES = 64 * 2**20
+"""The largest answer tpaudit reads itself: the single-request metadata of every shard (Kimi-K2.5: ~25 MB), an
+index (`files.INDEX_MAX_BYTES`), a header (huggingface_hub's cap: 25 MB)."""
+_ERROR_BODY_BYTES = 64 * 2**10  # what an error answer may say (huggingface_hub reads its JSON message)
+
+
+class _Budget:
+    """The deadline of one model's reads (monotonic clock)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def timeout(self, base: float) -> float:
+        """A per-request timeout that never reaches past the deadline (at least 0.1 s)."""
+        return max(0.1, min(float(base), self.left()))
+
+    def check(self, what: str) -> None:
+        if self.left() <= 0:
+            raise _DeadlineExceeded(what)
+
+
+class _DeadlineExceeded(TimeoutError):
+    """The budget ran out while reading `args[0]` (a `TimeoutError`, but not one huggingface_hub retries)."""
+
+
+class _TooLarge(Exception):
+    """An answer longer than the cap: `args` = (what, cap)."""
+
+
+def _deadline() -> float:
+    """`TPAUDIT_HUB_TIMEOUT` in seconds (a positive number), else `DEFAULT_DEADLINE`."""
+    import math
+
+    raw = os.environ.get(DEADLINE_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_DEADLINE
+    except ValueError:
+        value = DEFAULT_DEADLINE
+    return value if math.isfinite(value) and value > 0 else DEFAULT_DEADLINE
+
+
+def _within(budget: _Budget, fn, what: str):
+    """`fn()` in a daemon thread, waited for until the budget runs out: a request that hangs where no timeout
+    reaches (huggingface_hub's retries and back-off, a server trickling its headers) cannot hold the caller past the
+    deadline. The thread's own reads stop at the deadline too (`_stream`), so it ends soon after.
+
+    Raises:
+        Whatever `fn` raised; `_DeadlineExceeded` when the budget ran out first.
+    """
+    import threading
+
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="tpaudit-hub", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        left = budget.left()
+        if left <= 0:
+            raise _DeadlineExceeded(what)
+        thread.join(min(left, 0.5))
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _stream(session, url: str, headers: dict, budget: _Budget, *, limit: int, what: str, strict: bool,
+            timeout: float):
+    """GET `url` as a stream and read at most `limit` bytes of its body before the deadline.
+
+    Args:
+        strict (`bool`): an answer longer than `limit` is an error (`_TooLarge`: a JSON document cut short is
+            useless); otherwise reading stops at `limit` (a ranged read needs no more than it asked for).
+
+    Returns:
+        `(response, body)`: the response (status, headers) and the bytes read.
+
+    Raises:
+        `_DeadlineExceeded`, `_TooLarge`, huggingface_hub's HTTP errors (`hf_raise_for_status`, on an error body
+        read up to 64 KiB).
+    """
+    from huggingface_hub.utils import hf_raise_for_status
+
+    budget.check(what)
+    with session.stream("GET", url, headers=headers, timeout=budget.timeout(timeout)) as r:
+        cap = _ERROR_BODY_BYTES if r.status_code >= 400 else limit
+        declared = r.headers.get("Content-Length") or ""
+        if strict and r.status_code < 400 and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge(what, limit)
+        chunks, received = [], 0
+        for chunk in r.iter_bytes():
+            budget.check(what)
+            chunks.append(chunk)
+            received += len(chunk)
+            if received > cap:
+                if strict and r.status_code < 400:
+                    raise _TooLarge(what, limit)
+                break
+        body = b"".join(chunks)[:cap]
+        if r.status_code >= 400:
+            hf_raise_for_status(type(r)(r.status_code, headers=r.headers, content=body, request=r.request))
+        return r, body
 
 
 def _endpoint() -> str:
@@ -110,6 +232,14 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
 
     at = f"{repo_id}@{revision}" if revision else repo_id
     status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, _DeadlineExceeded):
+        raise HubConnectionError(f"cannot read {at}: {endpoint} did not finish answering for {e.args[0]} within "
+                                 f"{_deadline():g} s ({DEADLINE_ENV}). Check the network or HF_ENDPOINT; raise "
+                                 f"{DEADLINE_ENV} for a slow link", repo_id=repo_id, revision=revision) from None
+    if isinstance(e, _TooLarge):
+        raise HubError(f"cannot read {at}: {endpoint} answered more than {e.args[1] // 2**20} MiB for {e.args[0]}, "
+                       "far beyond any real answer. Check HF_ENDPOINT (it must serve the Hub's API)",
+                       repo_id=repo_id, revision=revision) from None
     if isinstance(e, hf.GatedRepoError):
         raise GatedRepoError(
             f"cannot read {at}: the repo is gated (HTTP {status or 401}). Accept its terms on the Hub, then run 'hf "
@@ -163,7 +293,7 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
 
 
 _FIRST_READ = 100_000  # bytes of a shard read first: as huggingface_hub, one request for 97% of real headers
-_METADATA_MAX_BYTES = 256 * 2**20  # the single-request endpoint's answer: every shard's header (Kimi-K2.5: ~25 MB)
+_METADATA_MAX_BYTES = RESPONSE_MAX_BYTES  # the single-request endpoint's answer: every shard's header
 
 
 def _label(repo_id: str, revision: str | None, filename: str) -> str:
@@ -171,7 +301,8 @@ def _label(repo_id: str, revision: str | None, filename: str) -> str:
     return f"{repo_id}@{rev}/{filename}"
 
 
-def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool, endpoint: str, token):
+def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool, endpoint: str, token,
+                   budget: _Budget):
     """Every checkpoint tensor of `repo_id` at `commit`, validated; `None` for a repo without safetensors.
 
     Raises:
@@ -181,10 +312,11 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
     """
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub import errors as hf
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, hf_thread_map
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_thread_map
     from urllib.parse import quote
 
-    from .local import SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE, check_shard_name, tensors_from_headers
+    from .local import (SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE, check_index_entries, check_shard_name,
+                        tensors_from_headers)
     from .safetensors_header import HUB_ADVICE, Shard, header_length, parse_header, validate_header_object
 
     http_headers = build_hf_headers(token=token)
@@ -192,14 +324,14 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
     if default_revision:
         shards = None
         try:
-            r = get_session().get(f"{endpoint}/api/models/{repo_id}/safetensors-metadata/"
-                                  f"{quote(SAFETENSORS_INDEX_FILE, safe='/')}", headers=http_headers, timeout=timeout)
-            hf_raise_for_status(r)
-            if len(r.content) <= _METADATA_MAX_BYTES:
-                from .files import load_json
+            _, content = _stream(get_session(), f"{endpoint}/api/models/{repo_id}/safetensors-metadata/"
+                                 f"{quote(SAFETENSORS_INDEX_FILE, safe='/')}", http_headers, budget,
+                                 limit=_METADATA_MAX_BYTES, what="the safetensors metadata", strict=True,
+                                 timeout=timeout)
+            from .files import load_json
 
-                body = load_json(r.content, "safetensors metadata", f"{endpoint}/api/models/{repo_id}")
-                shards = body["headers"] if isinstance(body, dict) else None
+            body = load_json(content, "safetensors metadata", f"{endpoint}/api/models/{repo_id}")
+            shards = body["headers"] if isinstance(body, dict) else None
         except (hf.HfHubHTTPError, KeyError, TypeError, ValueError):  # ValueError: InputError from load_json
             shards = None  # not offered by this server, or not a sharded repo: read the headers one by one
         if isinstance(shards, dict) and shards:
@@ -211,6 +343,7 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
                  validate_header_object(header, Shard(_label(repo_id, commit, shard), HUB_ADVICE)))
                 for shard, header in shards.items()], HUB_ADVICE)
 
+    weight_map = None
     if api.file_exists(repo_id, SAFETENSORS_SINGLE_FILE, revision=commit):
         filenames = [SAFETENSORS_SINGLE_FILE]
     elif api.file_exists(repo_id, SAFETENSORS_INDEX_FILE, revision=commit):
@@ -242,9 +375,8 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
         url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint)
         label = Shard(_label(repo_id, commit, filename), HUB_ADVICE)
         session = get_session()
-        r = session.get(url, headers={**http_headers, "range": f"bytes=0-{_FIRST_READ}"}, timeout=timeout)
-        hf_raise_for_status(r)
-        content = r.content
+        r, content = _stream(session, url, {**http_headers, "range": f"bytes=0-{_FIRST_READ}"}, budget,
+                             limit=_FIRST_READ + 1, what=filename, strict=False, timeout=timeout)
         size = _file_size(r, len(content))
         n = header_length(content[:8], label)
         if size is not None and n > size - 8:
@@ -253,9 +385,9 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
         if n <= len(content) - 8:
             raw = content[8:8 + n]
         else:
-            r = session.get(url, headers={**http_headers, "range": f"bytes=8-{n + 7}"}, timeout=timeout)
-            hf_raise_for_status(r)
-            raw = r.content if r.status_code == 206 else r.content[8:8 + n]
+            r, raw = _stream(session, url, {**http_headers, "range": f"bytes=8-{n + 7}"}, budget, limit=n + 8,
+                             what=filename, strict=False, timeout=timeout)
+            raw = raw if r.status_code == 206 else raw[8:8 + n]
             if len(raw) < n:
                 raise CheckpointError(f"{label}: the server sent {len(raw):,} of the {n:,} header bytes. Retry",
                                       path=str(label))
@@ -264,7 +396,11 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
         # everything else is still checked (see `parse_header`).
         return filename, parse_header(raw, label, None if size is None else size - 8 - n)
 
-    return tensors_from_headers(hf_thread_map(one, filenames, desc="Parse safetensors files"), HUB_ADVICE)
+    headers = hf_thread_map(one, filenames, desc="Parse safetensors files")
+    tensors = tensors_from_headers(headers, HUB_ADVICE)
+    if weight_map is not None:
+        check_index_entries(weight_map, headers, _label(repo_id, commit, SAFETENSORS_INDEX_FILE), HUB_ADVICE)
+    return tensors
 
 
 def _file_size(response, received: int) -> int | None:
@@ -274,8 +410,9 @@ def _file_size(response, received: int) -> int | None:
     total = content_range.rpartition("/")[2].strip()
     if response.status_code == 206:
         return int(total) if total.isdigit() else None
-    if response.status_code == 200:
-        return received
+    if response.status_code == 200:  # the range was ignored: the whole file, whose length the server declared
+        declared = response.headers.get("Content-Length") or ""
+        return int(declared) if declared.isdigit() else (received if received <= _FIRST_READ else None)
     return None
 
 
@@ -296,7 +433,9 @@ def load_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         GatedRepoError: HTTP 401/403.
         RepoNotFoundError: no such repo or revision (HTTP 404).
         ConfigError: the repo has no `config.json`.
-        HubConnectionError: the endpoint is unreachable or timed out, or an offline run misses the cache.
+        HubConnectionError: the endpoint is unreachable or timed out, did not finish within `TPAUDIT_HUB_TIMEOUT`
+            seconds, or an offline run misses the cache.
+        HubError: an answer over `RESPONSE_MAX_BYTES`.
         CheckpointError: a header is malformed or over the client's size cap.
     """
     from huggingface_hub.utils import logging as hf_logging  # configures its root logger on first import
@@ -305,13 +444,17 @@ def load_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
     offline = _offline()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its retry warnings would break the one-line error; tpaudit says what failed
+    budget = _Budget(_deadline())
     try:
-        return _load(repo_id, revision, token, progress, endpoint, offline)
+        return _within(budget, lambda: _load(repo_id, revision, token, progress, endpoint, offline, budget),
+                       "config.json and the safetensors headers")
+    except _DeadlineExceeded as e:
+        _raise_hub_error(e, repo_id, revision, endpoint, "config.json")
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
-def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
+def _load(repo_id, revision, token, progress, endpoint, offline, budget: _Budget) -> ModelSource:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.utils import disable_progress_bars
 
@@ -355,10 +498,11 @@ def _load(repo_id, revision, token, progress, endpoint, offline) -> ModelSource:
         default_revision = revision in (None, "main")
         try:
             if progress:
-                tensors = _fetch_tensors(api, repo_id, commit or revision, default_revision, endpoint, token)
+                tensors = _fetch_tensors(api, repo_id, commit or revision, default_revision, endpoint, token, budget)
             else:
                 with disable_progress_bars():
-                    tensors = _fetch_tensors(api, repo_id, commit or revision, default_revision, endpoint, token)
+                    tensors = _fetch_tensors(api, repo_id, commit or revision, default_revision, endpoint, token,
+                                             budget)
         except TpauditError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -140,8 +140,10 @@ def load_local(ref: str) -> ModelSource:
             notes.append(f"{SAFETENSORS_SINGLE_FILE} is read and {SAFETENSORS_INDEX_FILE} ignored, as "
                          "from_pretrained does when both are present")
     elif os.path.lexists(index):
-        shards = _read_index(index, path)
-        tensors = tensors_from_headers([(shard, read_local_header(path / shard)) for shard in shards])
+        shards, weight_map = _read_index(index, path)
+        headers = [(shard, read_local_header(path / shard)) for shard in shards]
+        tensors = tensors_from_headers(headers)  # a tensor in two shards first: the more specific fault
+        check_index_entries(weight_map, headers, str(index))
     else:
         others = _has_other_weights(path)
         stray = _stray_shards(path)
@@ -193,8 +195,35 @@ def check_shard_name(shard: object, index: str) -> str:
     return shard
 
 
-def _read_index(index: Path, directory: Path) -> list[str]:
-    """The shard names of `model.safetensors.index.json`, each checked to name a file inside `directory`."""
+def check_index_entries(weight_map: dict[str, str], headers: list[tuple[str, list]], index: str,
+                        advice: str = "the checkpoint is corrupt; download it again") -> None:
+    """Every tensor an index's `weight_map` names must be in the header of the shard it names: the loader reads the
+    checkpoint through the index (`from_pretrained` opens each named tensor in its shard), so an entry whose tensor
+    is not there fails the load, and an index that maps only such tensors would otherwise audit an empty checkpoint.
+
+    Args:
+        weight_map (`dict[str, str]`): tensor name -> shard file, as in the index.
+        headers (`list[tuple[str, list]]`): `(shard file name, entries)` of every shard the index names.
+        index (`str`): the index, for the message.
+        advice (`str`, *optional*): what to do about it.
+
+    Raises:
+        CheckpointError: naming the first tensor missing from its shard, and how many are.
+    """
+    held = {shard: {name for name, _, _ in entries} for shard, entries in headers}
+    missing = [(name, shard) for name, shard in weight_map.items() if name not in held.get(shard, ())]
+    if missing:
+        name, shard = missing[0]
+        more = f" (and {len(missing) - 1:,} more of the index's {len(weight_map):,} entries)" if len(missing) > 1 \
+            else ""
+        raise CheckpointError(f"{index} maps tensor {name[:120]!r} to {shard}, whose header does not hold it{more}: "
+                              f"from_pretrained would fail to load it. {advice[:1].upper()}{advice[1:]}",
+                              path=index, tensor=name)
+
+
+def _read_index(index: Path, directory: Path) -> tuple[list[str], dict[str, str]]:
+    """The shard names of `model.safetensors.index.json`, each checked to name a file inside `directory`, and its
+    `weight_map`."""
     def error(message: str) -> CheckpointError:
         return CheckpointError(message, path=str(index))
 
@@ -215,4 +244,4 @@ def _read_index(index: Path, directory: Path) -> list[str]:
                 "again or pass the Hub id",
                 path=str(directory / shard),
             )
-    return shards
+    return shards, weight_map

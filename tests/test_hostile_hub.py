@@ -1,0 +1,131 @@
+"""An endpoint written by someone else: one that answers tpaudit's first request and then stalls, one that trickles a
+byte at a time, one that streams an endless body where tpaudit reads the safetensors metadata or a shard's header.
+Each `check` ends with one error line (exit 2) within the deadline (`TPAUDIT_HUB_TIMEOUT`, set to 2 s here) and
+with little memory, measured in the child itself."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import CASES, run_bounded
+from hubserver import FakeHub
+
+GRANITE_CONFIG = (CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text()
+DEADLINE = 2
+CHILD_SECONDS = 30      # the child's whole life: interpreter, imports (a few s on a busy machine), the deadline
+CAP = 1 << 30           # the Hub source is read before torch is imported: 1 GiB of address space is plenty
+PEAK = 400 * 2**20
+CAP_DEADLINE = 20       # the cap tests: room for a loaded machine, under the child's own limit
+
+
+def _is_probe(path: str) -> bool:
+    return path in ("", "/")  # tpaudit's reachability probe asks the endpoint's root once
+
+
+def stall(handler, head, path) -> bool:
+    if _is_probe(path):
+        return False
+    time.sleep(60)
+    return True
+
+
+def trickle(handler, head, path) -> bool:
+    """Headers at once, then one byte of body every half second: no single read ever times out."""
+    if _is_probe(path):
+        return False
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(10**6))
+    handler.send_header("X-Repo-Commit", "a" * 40)
+    handler.send_header("ETag", '"x"')
+    handler.end_headers()
+    if head:
+        return True
+    try:
+        for _ in range(120):
+            handler.wfile.write(b"{")
+            handler.wfile.flush()
+            time.sleep(0.5)
+    except OSError:
+        pass
+    return True
+
+
+def endless(suffix: str, status: int):
+    """An answer to GET `...suffix` that never ends: 1 MiB chunks until the client goes away."""
+    def intercept(handler, head, path) -> bool:
+        if head or not path.endswith(suffix):
+            return False
+        handler.send_response(status)
+        handler.send_header("Connection", "close")
+        if status == 206:
+            handler.send_header("Content-Range", f"bytes 0-100000/{3 * 2**30}")
+        handler.end_headers()
+        chunk = b"[" * (1 << 20)
+        try:
+            for _ in range(4096):  # 4 GiB at most
+                handler.wfile.write(chunk)
+        except OSError:
+            pass
+        handler.close_connection = True
+        return True
+    return intercept
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "repo"
+    d.mkdir()
+    (d / "config.json").write_text(GRANITE_CONFIG)
+    return d
+
+
+def check(hub, tmp_path, deadline: float = DEADLINE):
+    """The cap tests give the deadline room (a loaded machine streams 64 MiB over loopback slowly): what they show is
+    that the body is cut at the cap, not by the clock."""
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "",
+           "TPAUDIT_HUB_TIMEOUT": str(deadline)}
+    start = time.perf_counter()
+    proc = run_bounded("check", "acme/model", "--tp", "2", seconds=CHILD_SECONDS, memory=CAP, env=env)
+    proc.wall = time.perf_counter() - start
+    return proc
+
+
+def assert_one_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert proc.peak_bytes is not None and proc.peak_bytes < PEAK, proc.peak_bytes
+
+
+@pytest.mark.parametrize("behaviour", [stall, trickle], ids=["stalls", "trickles"])
+def test_an_endpoint_that_answers_the_probe_then_stalls_or_trickles(model_dir, tmp_path, behaviour):
+    with FakeHub(intercept=behaviour) as hub:
+        hub.add("acme/model", model_dir)
+        proc = check(hub, tmp_path)
+    assert_one_error(proc, "acme/model", f"within {DEADLINE} s", "TPAUDIT_HUB_TIMEOUT")
+
+
+def test_an_endless_safetensors_metadata_answer_is_cut_at_the_cap(model_dir, tmp_path):
+    (model_dir / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    with FakeHub(offer_sharded_metadata=True, intercept=endless("safetensors-metadata/model.safetensors.index.json",
+                                                                200)) as hub:
+        hub.add("acme/model", model_dir)
+        proc = check(hub, tmp_path, deadline=CAP_DEADLINE)
+    assert_one_error(proc, "acme/model", "answered more than 64 MiB for the safetensors metadata")
+    assert proc.wall < CHILD_SECONDS
+
+
+def test_an_endless_ranged_read_stops_at_the_bytes_asked_for(model_dir, tmp_path):
+    """The shard's answer claims to be 3 GiB and never ends: tpaudit reads the 100 kB it asked for, finds no valid
+    header there (`[[[[` as the length) and stops."""
+    (model_dir / "model.safetensors").write_bytes(b"\0" * 16)
+    with FakeHub(intercept=endless("model.safetensors", 206)) as hub:
+        hub.add("acme/model", model_dir)
+        proc = check(hub, tmp_path, deadline=CAP_DEADLINE)
+    assert_one_error(proc, "acme/model", "model.safetensors")
+    sent = [r for r in hub.requests if r.file == "model.safetensors" and r.method == "GET"]
+    assert proc.wall < CHILD_SECONDS and not sent  # the intercepted answer is not logged: nothing else was served

@@ -1,0 +1,133 @@
+"""A config that makes no model is bad input (`tpaudit/plausible.py`): exit 2 with one line naming the attribute, never
+a report that passes and never an internal error. transformers' own default configs all pass the same rules."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import CASES, run_bounded, run_main
+
+GRANITE = json.loads((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
+MOE = {**GRANITE, "model_type": "granitemoe", "architectures": ["GraniteMoeForCausalLM"], "num_local_experts": 8,
+       "num_experts_per_tok": 2}
+
+
+def model_dir(tmp_path, config) -> str:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config, allow_nan=True))
+    return str(d)
+
+
+def assert_config_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("base, change, needle", [
+    (GRANITE, {"hidden_size": 10**9}, "hidden_size = 1000000000 is not a plausible size"),
+    (GRANITE, {"intermediate_size": 2**30}, "intermediate_size = 1073741824 is not a plausible size"),
+    (GRANITE, {"vocab_size": 0}, "vocab_size = 0 must be a positive integer"),
+    (GRANITE, {"num_attention_heads": 2**21, "num_key_value_heads": 8}, "num_attention_heads = 2097152"),
+    (GRANITE, {"num_hidden_layers": 0}, "num_hidden_layers = 0 must be a positive integer"),
+    (GRANITE, {"head_dim": 64.5}, "head_dim = 64.5 is not an integer"),
+    (MOE, {"num_local_experts": 0}, "num_experts_per_tok = 2 exceeds num_local_experts = 0"),
+    (MOE, {"num_local_experts": 3, "num_experts_per_tok": 8}, "num_experts_per_tok = 8 exceeds num_local_experts = 3"),
+    (MOE, {"num_local_experts": -3}, "num_local_experts = -3 must not be negative"),
+    (GRANITE, {"sliding_window": -1}, "sliding_window = -1 is not a window"),
+    (GRANITE, {"sliding_window": "4k"}, "sliding_window = '4k' is not a window"),
+    (GRANITE, {"rms_norm_eps": math.nan}, "rms_norm_eps = nan is not a usable epsilon"),
+    (GRANITE, {"rms_norm_eps": math.inf}, "rms_norm_eps = inf is not a usable epsilon"),
+    (GRANITE, {"rms_norm_eps": -1e-6}, "rms_norm_eps = -1e-06 is not a usable epsilon"),
+    (GRANITE, {"rms_norm_eps": "1e-6"}, "rms_norm_eps"),   # transformers' own validator refuses a string
+    (GRANITE, {"dtype": 7}, "dtype = 7 is not a floating torch dtype"),
+    (GRANITE, {"dtype": "int8"}, "dtype = torch.int8 is not a floating torch dtype"),
+    (GRANITE, {"base_model_tp_plan": "colwise"}, "base_model_tp_plan is a str ('colwise'), not a map of rule -> style"),
+    (GRANITE, {"base_model_tp_plan": {"layers.*.self_attn.q_proj": 3}}, "base_model_tp_plan is a map with a key or"),
+])
+def test_values_that_make_no_model_are_input_errors(tmp_path, base, change, needle):
+    config = {k: v for k, v in {**base, **change}.items()}
+    if "dtype" in change:
+        config.pop("torch_dtype", None)
+    proc = run_main("check", model_dir(tmp_path, config), "--tp", "2")
+    assert_config_error(proc, needle, "Fix the config")
+
+
+def test_torch_dtype_of_the_wrong_kind_is_named_too(tmp_path):
+    config = {k: v for k, v in GRANITE.items() if k != "dtype"}
+    config["torch_dtype"] = 7   # transformers reads the older spelling into `dtype`
+    assert_config_error(run_main("check", model_dir(tmp_path, config), "--tp", "2"), "dtype = 7")
+
+
+@pytest.mark.slow  # a whole interpreter that imports torch and transformers
+def test_a_string_plan_is_refused_in_a_child_too(tmp_path):
+    """It was a clear exit 2 before, then an internal error: the command as a user runs it, bounded."""
+    proc = run_bounded("check", model_dir(tmp_path, {**GRANITE, "base_model_tp_plan": "colwise"}), "--tp", "2",
+                       seconds=60, memory=8 << 30)
+    assert_config_error(proc, "base_model_tp_plan is a str")
+
+
+@pytest.mark.parametrize("change", [
+    {"sliding_window": 0},            # qwen2_moe's default: no window
+    {"sliding_window": None},
+    {"rms_norm_eps": 0.0},
+    {"dtype": "float32"},
+])
+def test_values_real_configs_use_pass(tmp_path, change):
+    config = {**GRANITE, "num_hidden_layers": 2, **change}
+    proc = run_main("check", model_dir(tmp_path, config), "--tp", "3", "--format", "json")
+    assert proc.returncode == 1, proc.stderr     # vocab 49155 at tp 3 divides; 32 heads do not (TPA101 errors)
+
+
+@pytest.mark.slow  # about 800 default configs (10 s)
+def test_every_default_config_of_the_installed_transformers_passes():
+    """No false alarm on transformers' own configs: the rules are checked on the default config of every model type
+    (the ones `scan` builds), top-level and text config alike."""
+    import warnings
+
+    from tpaudit.compat import backend
+    from tpaudit.errors import ConfigError
+    from tpaudit.plausible import check_plausible
+
+    tf = backend()
+    refused = {}
+    checked = 0
+    for model_type in sorted(tf.config_classes()):
+        try:
+            with warnings.catch_warnings(), tf.quiet():
+                warnings.simplefilter("ignore")
+                config = tf.config_from_class(model_type)
+        except Exception:  # noqa: BLE001 - a default config transformers itself cannot make is not ours to judge
+            continue
+        owner, owner_path = tf.text_config(config)
+        try:
+            check_plausible(config, owner, owner_path, model_type, None)
+        except ConfigError as e:
+            refused[model_type] = e.reason
+        checked += 1
+    assert checked > 500
+    # refused before these rules too: glm5_next's default text config leaves head_dim 0 (its real checkpoints set
+    # it), lxmert gives num_hidden_layers as a dict per tower (an encoder, never a decoder tpaudit audits)
+    assert set(refused) <= {"glm5_next", "glm5_next_text", "lxmert"}, refused
+
+
+def test_an_index_that_maps_only_a_tensor_its_shard_lacks(tmp_path):
+    """from_pretrained reads the checkpoint through the index: an entry whose tensor is not in its shard fails the
+    load. An index mapping only such a tensor used to audit as an empty checkpoint with a report."""
+    import struct
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**GRANITE, "num_hidden_layers": 2}))
+    raw = json.dumps({"model.norm.weight": {"dtype": "BF16", "shape": [2048], "data_offsets": [0, 4096]}}).encode()
+    (d / "model-00001-of-00001.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4096))
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.does_not_exist.weight": "model-00001-of-00001.safetensors"}}))
+    assert_config_error(run_main("check", str(d), "--tp", "2"), "maps tensor 'model.does_not_exist.weight' to "
+                        "model-00001-of-00001.safetensors, whose header does not hold it")

@@ -1,0 +1,178 @@
+"""A config that makes no model is bad input: the plausibility rules a config passes before anything is built.
+
+transformers' own validators accept many values no model can have (`hidden_size: 0`, `num_hidden_layers: 0`,
+`rms_norm_eps: NaN`, `sliding_window: -1`, eight routed experts per token out of three, `dtype: 7`, a
+`base_model_tp_plan` that is a string). Built on the meta device they make a model of empty or absurd tensors whose
+report would pass; tpaudit refuses them instead, with exit 2 and one line naming the attribute (dotted from the
+top-level config: `text_config.num_key_value_heads`).
+
+One rule per role, the same for every attribute of that role:
+
+- **widths** (`WIDTHS`: hidden, intermediate, vocab, head dims, MLA ranks, ...): integers from 1 (0 for the
+  optional ones) to `MAX_WIDTH`; a width given per layer (gemma3n's `intermediate_size`) holds for every layer;
+- **counts** (`COUNTS`: heads, layers, experts): integers from 1 (0 for the optional ones) to `MAX_COUNT`, layers
+  to `MAX_LAYERS`; KV heads at most the attention heads, routed experts per token at most the experts, expert
+  groups per token at most the groups;
+- **epsilons** (every attribute named `*eps` or `*epsilon`): finite numbers from 0 to 1;
+- `sliding_window`: null, 0 (off) or a positive number of tokens;
+- `dtype`: null or the name of a floating torch dtype;
+- the plans (`base_model_tp_plan`, `base_model_ep_plan`): null or a map of rule -> style strings.
+
+They apply to the top-level config and to the config that owns the base model's plan (the text config of a
+composite model). transformers' default config of every model type passes them (`tests/test_plausible.py`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .compat import backend
+from .errors import ConfigError
+
+FIX_CONFIG = "Fix the config"  # as `build.FIX_CONFIG`
+MAX_LAYERS = 4096
+"""Deepest decoder accepted: every layer is built on the meta device (the deepest real ones have ~128)."""
+MAX_WIDTH = 2**24
+"""Widest size accepted (16,777,216): real hidden sizes stay below 32,768 and vocabularies below 2,000,000."""
+MAX_COUNT = 2**20
+"""Most heads or experts accepted (1,048,576): real models have up to a few hundred of either."""
+
+# role -> attribute names. `True`: the attribute must be positive when set; `False`: 0 is allowed (an optional part
+# switched off, e.g. no shared expert).
+WIDTHS: dict[str, bool] = {
+    "hidden_size": True, "intermediate_size": True, "vocab_size": True, "head_dim": True,
+    "moe_intermediate_size": True, "shared_expert_intermediate_size": False,
+    "moe_shared_expert_intermediate_size": False, "kv_lora_rank": False, "q_lora_rank": False,
+    "qk_rope_head_dim": False, "qk_nope_head_dim": False, "v_head_dim": False, "linear_key_head_dim": False,
+    "linear_value_head_dim": False,
+}
+COUNTS: dict[str, bool] = {
+    "num_attention_heads": True, "num_key_value_heads": True, "num_hidden_layers": True,
+    "num_experts": False, "num_local_experts": False, "n_routed_experts": False, "n_shared_experts": False,
+    "num_experts_per_tok": False, "first_k_dense_replace": False, "num_global_key_value_heads": False,
+    "linear_num_key_heads": False, "linear_num_value_heads": False, "n_group": False, "topk_group": False,
+}
+PER_LAYER = ("intermediate_size", "moe_intermediate_size", "num_key_value_heads", "head_dim", "num_attention_heads")
+"""Attributes a config may give as one value per layer (a list)."""
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+PLANS = ("base_model_tp_plan", "base_model_ep_plan")
+_EPSILON = re.compile(r"(^|_)(eps|epsilon)$")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    return repr(value)[:40] if isinstance(value, str) else str(value)[:40]
+
+
+def check_plausible(config, owner, owner_path: str, where: str, path: str | None) -> None:
+    """Refuse a config whose values no model has, before any layer is built (see the module docstring).
+
+    Args:
+        config: the top-level transformers config.
+        owner: the config that owns the base model's plan (`config` itself, or its text config).
+        owner_path (`str`): the owner's dotted path from the top-level config (`"text_config"`, or `""`).
+        where (`str`): the config's path or reference, for the message.
+        path (`str`, *optional*): `config.json`'s path (the error's `path`).
+
+    Raises:
+        ConfigError: naming the attribute (dotted from the top-level config) and its value: a width or count that
+            is not an integer, out of range, KV heads above attention heads, more experts per token than experts,
+            an epsilon that is not a finite number from 0 to 1, a negative `sliding_window`, a `dtype` that names
+            no floating torch dtype, or a plan that is not a map of rule -> style strings.
+    """
+    configs = [("", config)] + ([(owner_path, owner)] if owner is not config else [])
+    for prefix, cfg in configs:
+        _check_one(cfg, prefix, where, path)
+
+
+def _check_one(cfg, prefix: str, where: str, path: str | None) -> None:
+    tf = backend()
+
+    def name(attr: str) -> str:
+        return f"{prefix}.{attr}" if prefix else attr
+
+    def refuse(attr: str, value, why: str):
+        raise ConfigError(f"{where}: {name(attr)} = {_shown(value)} {why}", fix=FIX_CONFIG, path=path)
+
+    def value_of(attr: str):
+        return tf.config_value(cfg, attr)
+
+    for table, high in ((WIDTHS, MAX_WIDTH), (COUNTS, MAX_COUNT)):
+        for attr, positive in table.items():
+            value = value_of(attr)
+            if value is None:
+                continue
+            values = value if isinstance(value, (list, tuple)) and value and attr in PER_LAYER else [value]
+            limit = MAX_LAYERS if attr == "num_hidden_layers" else high
+            for v in values:
+                if not _is_int(v):
+                    if positive or not isinstance(v, (int, float)) or isinstance(v, bool):
+                        refuse(attr, value, "is not an integer")
+                    continue  # an optional count written as a float is transformers' business
+                if positive and v <= 0:
+                    refuse(attr, v, "must be a positive integer")
+                if v < 0:
+                    refuse(attr, v, "must not be negative")
+                if attr == "num_hidden_layers" and v > limit:
+                    refuse(attr, v, f"is not a plausible depth (1 to {limit}): tpaudit builds every layer on the meta "
+                                    "device")
+                if v > limit:
+                    refuse(attr, v, f"is not a plausible {'size' if table is WIDTHS else 'count'} (at most "
+                                    f"{limit:,})")
+    heads, kv = value_of("num_attention_heads"), value_of("num_key_value_heads")
+    if _is_int(heads) and _is_int(kv) and kv > heads:
+        refuse("num_key_value_heads", kv, f"exceeds {name('num_attention_heads')} = {heads}: each KV head serves a "
+                                          "group of attention heads")
+    top_k = value_of("num_experts_per_tok")
+    if _is_int(top_k) and top_k > 0:
+        for attr in EXPERT_COUNTS:
+            experts = value_of(attr)
+            if _is_int(experts) and top_k > experts:
+                refuse("num_experts_per_tok", top_k, f"exceeds {name(attr)} = {experts}: a token cannot be routed "
+                                                     "to more experts than there are")
+    groups, top_groups = value_of("n_group"), value_of("topk_group")
+    if _is_int(groups) and _is_int(top_groups) and top_groups > groups > 0:
+        refuse("topk_group", top_groups, f"exceeds {name('n_group')} = {groups}: a token cannot pick more expert "
+                                         "groups than there are")
+    window = value_of("sliding_window")
+    if window is not None and (not _is_int(window) or window < 0):
+        refuse("sliding_window", window, "is not a window: give a positive number of tokens, 0 or null (none)")
+    for attr in _epsilon_names(cfg):
+        eps = value_of(attr)
+        if eps is None:
+            continue
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or not 0 <= eps <= 1:
+            refuse(attr, eps, "is not a usable epsilon: a finite number from 0 to 1, such as 1e-05")
+    dtype = value_of("dtype")
+    if dtype is not None and not _is_float_dtype(dtype):
+        refuse("dtype", dtype, 'is not a floating torch dtype: write a name such as "bfloat16", or leave it out')
+    for attr in PLANS:
+        plan = value_of(attr)
+        if plan is not None and (not isinstance(plan, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in plan.items())):
+            what = "a map with a key or style that is not a string" if isinstance(plan, dict) else \
+                f"a {type(plan).__name__}"
+            raise ConfigError(f"{where}: {name(attr)} is {what} ({_shown(plan)}), not a map of rule -> style "
+                              'such as {"layers.*.self_attn.q_proj": "colwise"}', fix=FIX_CONFIG, path=path)
+
+
+def _epsilon_names(cfg) -> list[str]:
+    """The config's own attributes named like an epsilon (`rms_norm_eps`, `layer_norm_epsilon`, ...)."""
+    try:
+        names = list(vars(cfg))
+    except TypeError:
+        return []
+    return [n for n in names if _EPSILON.search(n)]
+
+
+def _is_float_dtype(value) -> bool:
+    """A `torch.dtype` or the name of one (`"bfloat16"`, `"torch.float16"`) that is floating point."""
+    import torch
+
+    if isinstance(value, str):
+        value = getattr(torch, value.removeprefix("torch."), None)
+    return isinstance(value, torch.dtype) and value.is_floating_point
