@@ -59,15 +59,25 @@ def test_guard_allow_list_threshold_and_restore():
     import tpaudit
     from transformers.distributed.mixin import DistributedMixin
 
+    from tpaudit.model import Finding
+
     original = DistributedMixin.__dict__["maybe_distribute_model"]
     report = {"replicated_bytes": 1000, "findings": [
-        {"code": "TPA001", "kind": "replicated_weight", "severity": "error", "target": "model.layers.*.mlp.a.weight"},
-        {"code": "TPA102", "kind": "kv_heads_per_rank", "severity": "error", "target": "num_key_value_heads"},
-        {"code": "TPA002", "kind": "unused_rule", "severity": "warning", "target": "x"}]}
-    assert [f["code"] for f in tpaudit.strict_tp().blocking(report)] == ["TPA001", "TPA102"]
-    assert [f["code"] for f in tpaudit.strict_tp(allow=["model.layers.*.mlp.*"]).blocking(report)] == ["TPA102"]
-    assert [f["code"] for f in tpaudit.strict_tp(max_replicated_bytes=1000).blocking(report)] == ["TPA102"]
-    assert [f["code"] for f in tpaudit.strict_tp(codes=["TPA001"]).blocking(report)] == ["TPA001"]
+        {"code": "TPA001", "kind": "replicated_weight", "severity": "error", "target": "model.layers.*.mlp.a.weight",
+         "message": "m"},
+        {"code": "TPA102", "kind": "kv_heads_per_rank", "severity": "error", "target": "num_key_value_heads",
+         "message": "m"},
+        {"code": "TPA002", "kind": "unused_rule", "severity": "warning", "target": "x", "message": "m"}]}
+    findings = [Finding.from_json(f) for f in report["findings"]]   # as the guard reads its worker's report
+    replicated = report["replicated_bytes"]
+    assert [f.code for f in tpaudit.strict_tp().blocking(findings, replicated)] == ["TPA001", "TPA102"]
+    assert [f.code for f in tpaudit.strict_tp(allow=["model.layers.*.mlp.*"]).blocking(findings, replicated)] == \
+        ["TPA102"]
+    assert [f.code for f in tpaudit.strict_tp(max_replicated_bytes=1000).blocking(findings, replicated)] == \
+        ["TPA102"]
+    assert [f.code for f in tpaudit.strict_tp(codes=["TPA001"]).blocking(findings, replicated)] == ["TPA001"]
+    with pytest.raises(ValueError):
+        Finding.from_json({"code": "TPA001", "severity": "fatal"})
 
     @tpaudit.strict_tp()
     def inside():

@@ -156,7 +156,8 @@ class ReplicatedWeightsError(TpauditError, RuntimeError):
     """Raised by `tpaudit.strict_tp()` before any weight is read when error-severity findings exist.
 
     Attributes:
-        report (`tpaudit.Report`): the full analysis of the model the loader built.
+        report (`dict`): the full analysis of the model the loader built, as the JSON contract (`Report.to_json()`,
+            `tpaudit/check/v1`) with a `suggestion` section: it crossed a process boundary.
         findings (`list[Finding]`): the error-severity findings that were not allowed.
         plan_snippet (`str`): a `base_model_tp_plan` snippet that covers the replicated weights, when one is known.
     """

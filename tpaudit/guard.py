@@ -24,6 +24,7 @@ import threading
 from typing import Iterable
 
 from .errors import ReplicatedWeightsError, TpauditError
+from .model import Finding
 
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
@@ -116,20 +117,25 @@ class strict_tp(contextlib.ContextDecorator):
                 backend().remove_distribute_hook(_token)
         return False
 
-    def blocking(self, report: dict) -> list[dict]:
-        """The error findings of `report` this guard does not accept."""
+    def blocking(self, findings: Iterable[Finding], replicated_bytes: int = 0) -> list[Finding]:
+        """The error findings this guard does not accept.
+
+        Args:
+            findings (`Iterable[Finding]`): a report's findings (`Report.findings`, or `Finding.from_json` of each).
+            replicated_bytes (`int`): the report's replicated bytes per rank, judged against `max_replicated_bytes`.
+        """
         import fnmatch
 
         out = []
-        for f in report.get("findings", []):
-            if f.get("severity") != "error":
+        for f in findings:
+            if f.severity != "error":
                 continue
-            if self.codes is not None and f["code"] not in self.codes:
+            if self.codes is not None and f.code not in self.codes:
                 continue
-            if any(fnmatch.fnmatchcase(f["target"], pattern) for pattern in self.allow):
+            if any(fnmatch.fnmatchcase(f.target, pattern) for pattern in self.allow):
                 continue
-            if (f["kind"] == "replicated_weight" and self.max_replicated_bytes is not None
-                    and report.get("replicated_bytes", 0) <= self.max_replicated_bytes):
+            if (f.kind == "replicated_weight" and self.max_replicated_bytes is not None
+                    and replicated_bytes <= self.max_replicated_bytes):
                 continue
             out.append(f)
         return out
@@ -151,7 +157,8 @@ def _check_before_load(model, distributed_config, tp_size: int, ep_size: int) ->
     guard = _active[-1]
     payload = backend().model_payload(model, distributed_config)
     report = analyse_in_subprocess(payload, tp_size, ep_size)
-    problems = guard.blocking(report)
+    findings = [Finding.from_json(f) for f in report.get("findings", [])]
+    problems = guard.blocking(findings, int(report.get("replicated_bytes") or 0))
     if not problems:
         return
     suggestion = report.get("suggestion") or {}
@@ -159,8 +166,8 @@ def _check_before_load(model, distributed_config, tp_size: int, ep_size: int) ->
     lines = [f"{len(problems)} error finding(s) for {type(model).__name__} at tp_size {tp_size}, "
              f"ep_size {ep_size}; nothing was loaded:"]
     for f in problems[:12]:
-        per_rank = (f.get("facts") or {}).get("bytes_per_rank")
-        lines.append(f"  {f['code']} {f['target']}" + (f" ({per_rank:,} B on every rank)" if per_rank else ""))
+        per_rank = f.facts.get("bytes_per_rank")
+        lines.append(f"  {f.code} {f.target}" + (f" ({per_rank:,} B on every rank)" if per_rank else ""))
     if len(problems) > 12:
         lines.append(f"  ... {len(problems) - 12} more")
     ranks = report.get("ranks") or []

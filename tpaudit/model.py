@@ -693,6 +693,23 @@ class Finding:
             out["facts"] = self.facts
         return out
 
+    @classmethod
+    def from_json(cls, data: Any) -> "Finding":
+        """A finding back from its `to_json()` (a report that crossed a process boundary, e.g. the guard's worker).
+
+        Raises:
+            ValueError: not a finding object: a field missing or of the wrong type, or an unknown severity.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"a finding must be a JSON object, not {type(data).__name__}")
+        fields = {k: data.get(k) for k in ("code", "kind", "severity", "target", "message")}
+        if not all(isinstance(v, str) for v in fields.values()) or fields["severity"] not in SEVERITY_ORDER:
+            raise ValueError(f"not a finding: {str(data)[:120]}")
+        fix, facts = data.get("fix", ""), data.get("facts", {})
+        if not isinstance(fix, str) or not isinstance(facts, dict):
+            raise ValueError(f"not a finding: {str(data)[:120]}")
+        return cls(fix=fix, facts=facts, **fields)
+
 
 @dataclass(frozen=True)
 class ReplicatedFamily:

@@ -33,7 +33,7 @@ try:
     with tpaudit.strict_tp():
         model = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(tp_size=2))
 except tpaudit.ReplicatedWeightsError as e:
-    result.update(raised=True, targets=sorted(f["target"] for f in e.findings), snippet=bool(e.plan_snippet),
+    result.update(raised=True, targets=sorted(f.target for f in e.findings), snippet=bool(e.plan_snippet),
                   message=str(e).splitlines()[0])
 result["rank"] = dist.get_rank() if dist.is_initialized() else None
 result["loaded"] = bool(loaded)
