@@ -140,12 +140,12 @@ def _bytes_caveat(built: BuiltModel) -> str | None:
 
 def replicated_families(shard_map, findings: list[Finding]) -> tuple[ReplicatedFamily, ...]:
     """Families that no rule shards (the shard map's grouping, the one TPA001 walks), largest first, each with the
-    severity of the TPA001 finding whose `facts["families"]` covers it."""
+    severity of the TPA001 finding whose subject covers it."""
     severity: dict[str, str] = {}
     for f in findings:
         if f.kind != "replicated_weight":
             continue
-        for name in f.facts.get("families", ()):
+        for name in f.subject.families if f.subject else ():
             if name not in severity or SEVERITY_ORDER[f.severity] < SEVERITY_ORDER[severity[name]]:
                 severity[name] = f.severity
     out = [ReplicatedFamily(name=g.generic_name, count=g.count, bytes=g.total_bytes, reason=why_unsharded(g.first),
@@ -173,7 +173,7 @@ def locate(findings: list[Finding], built: BuiltModel, resolved: ResolvedPlan,
         rule = get_rule(f.code)
         points_at = rule.points_at if rule else "plan"
         if points_at == "plan" and plan_path:
-            path, needle = plan_path, f.facts.get("relative_key") or resolved.relative(f.target)
+            path, needle = plan_path, (f.subject.rule_key if f.subject else None) or resolved.relative(f.target)
         elif points_at == "config":
             path, needle = config_file, f.target.rpartition(".")[2]
         else:

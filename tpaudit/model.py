@@ -655,6 +655,24 @@ class Location:
 
 
 @dataclass(frozen=True)
+class FindingSubject:
+    """What a finding is about, as the stages after the checks need it (plan-file locations, `--suggest`, the tables):
+    typed, so that no later stage reads a finding's JSON `facts`.
+
+    Attributes:
+        rule_key (`str`, *optional*): the `base_model_tp_plan` key (relative to the base model) a fix adds or edits,
+            `layers.*.mlp.experts.gate_up_proj`.
+        key_kind (`"module" | "parameter"`, *optional*): whether `rule_key` names a module or a parameter (a
+            parameter rule of fused experts brings its module's rule).
+        families (`tuple[str, ...]`): the generic parameter names the finding covers.
+    """
+
+    rule_key: str | None = None
+    key_kind: Literal["module", "parameter"] | None = None
+    families: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Finding:
     """One problem a check found.
 
@@ -668,6 +686,8 @@ class Finding:
         fix (`str`): an imperative fix title ("Add rule `layers.*.mlp.experts.gate_up_proj: packed_colwise`").
         facts (`dict`): the values behind the message (bytes, sizes, rank), JSON-serialisable.
         location (`Location`, *optional*): set by the report stage from the rule's declaration.
+        subject (`FindingSubject`, *optional*): what the finding is about, typed, for the stages after the checks
+            (not part of the JSON: `facts` says the same to JSON readers).
     """
 
     code: str
@@ -678,6 +698,7 @@ class Finding:
     fix: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
     location: Location | None = None
+    subject: FindingSubject | None = None
 
     @property
     def fingerprint(self) -> str:

@@ -17,6 +17,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .model import FindingSubject
+
 
 @functools.lru_cache(maxsize=1)
 def sibling_plans() -> dict[str, dict[str, str]]:
@@ -144,11 +146,11 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
     for f in report.findings:
         if f.kind != "replicated_weight" or f.severity != "error":
             continue
-        facts = f.facts or {}
-        key = facts.get("relative_key") or f.target
+        subject = f.subject or FindingSubject()
+        key = subject.rule_key or f.target
         if key in base_plan or key in suggestions or key in (defer or ()) or any(key == u.key for u in unresolved):
             continue
-        module_facts = (layouts or {}).get(key.rpartition(".")[0]) if facts.get("key_kind") == "parameter" else None
+        module_facts = (layouts or {}).get(key.rpartition(".")[0]) if subject.key_kind == "parameter" else None
         if module_facts is not None:
             layout = []
             if module_facts.is_transposed:
@@ -171,7 +173,7 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
         suggestions[key] = Suggestion(key, style, voters[style][:5], matched, count)
         # A parameter of a module (`experts.gate_up_proj`) brings its module's rule (`experts: moe_tp_experts`).
         module = key.rpartition(".")[0]
-        if facts.get("key_kind") == "parameter" and module and module not in base_plan and module not in suggestions:
+        if subject.key_kind == "parameter" and module and module not in base_plan and module not in suggestions:
             m_matched, m_votes, m_voters = _votes_for(module, plans)
             if m_votes:
                 m_style, m_count = m_votes.most_common(1)[0]

@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
-from ..model import Finding, ParamGroup, why_unsharded
+from ..model import Finding, FindingSubject, ParamGroup, why_unsharded
 from .registry import CheckContext, rule
 
 _ROUTER_LEAF = re.compile(r"(^|_)(gate|router)$")
@@ -147,14 +147,16 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
                     "proposes one)",
                 facts={"count": lead.count, "bytes": total, "bytes_per_rank": total, "shape": list(lead.global_shape),
                        "dtype": lead.dtype, "rule": lead.rule, "style": lead.style, "relative_key": relative,
-                       "key_kind": key_kind, "families": names})
+                       "key_kind": key_kind, "families": names},
+                subject=FindingSubject(rule_key=relative, key_kind=key_kind, families=tuple(names)))
         else:
             yield Finding(
                 code="TPA001", kind="replicated_weight", severity="note", target=lead.generic_name,
                 message=(f"`{lead.generic_name}`{extra} ({design}) held whole on every rank: {ctx.size(total)}; "
                          f"kept whole by design (see tpaudit explain TPA001)"),
                 facts={"count": lead.count, "bytes": total, "bytes_per_rank": total, "why": design,
-                       "relative_key": relative, "families": names})
+                       "relative_key": relative, "families": names},
+                subject=FindingSubject(rule_key=relative, families=tuple(names)))
     towers: dict[str, list[ParamGroup]] = defaultdict(list)
     for g in groups:
         if not ctx.in_decoder(g.first.name):
@@ -167,7 +169,8 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
             message=(f"`{root}` ({count} tensors, {ctx.size(total)}) is held whole on every rank: "
                      "transformers' TP plans do not cover vision/audio towers and projectors"),
             facts={"count": count, "bytes": total, "bytes_per_rank": total, "why": "tower",
-                   "families": [g.generic_name for g in members]})
+                   "families": [g.generic_name for g in members]},
+            subject=FindingSubject(families=tuple(g.generic_name for g in members)))
 
 
 @rule("TPA002", "unused_rule", severity="warning")
@@ -212,7 +215,8 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
                 code="TPA002", kind="unused_rule", severity="warning", target=key,
                 message=f"{kind} rule `{key}: {rules[key]}` matches no module or parameter of {ctx.architecture}{hint}",
                 fix=f"Remove `{ctx.relative_key(key)}` or rewrite it to a runtime module path",
-                facts={"plan": kind, "style": rules[key], "closest": close, "relative_key": ctx.relative_key(key)})
+                facts={"plan": kind, "style": rules[key], "closest": close, "relative_key": ctx.relative_key(key)},
+                subject=FindingSubject(rule_key=ctx.relative_key(key)))
 
 
 def _hint_candidates(ctx: CheckContext, generic_name) -> dict[str, str]:

@@ -150,7 +150,7 @@ def _params_table(report: Report, unit: str, width: int) -> Table:
     sm = report.shard_map
     worst = sm.worst_rank
     wide = width >= 140
-    errors = {name for f in report.findings if f.severity == "error" for name in f.facts.get("families", ())}
+    errors = {name for f in report.findings if f.severity == "error" and f.subject for name in f.subject.families}
     t = Table(title="Parameters by generic name (✗ replicated: no rule shards it · '=' kept whole on purpose by "
                     "its rule)",
               title_justify="left", header_style="bold")
