@@ -13,19 +13,15 @@ def main() -> int:
 
     tune_gc()
     from .api import payload_audit
+    from .audit import CheckRequest
     from .errors import format_error
     from .model import ParallelSizes
 
     try:
         request = json.loads(sys.stdin.read())
         sizes = ParallelSizes.of(request["tp_size"], request["ep_size"])
-        audit = payload_audit(request["payload"])
-        report = audit.report(sizes, dist_overrides=request["payload"].get("overrides") or None)
-        if report.has_errors:
-            from .suggest import with_suggestion
-
-            report = with_suggestion(audit, report, sizes,
-                                     dist_overrides=request["payload"].get("overrides") or None)
+        report = payload_audit(request["payload"]).check(CheckRequest(
+            sizes, dist_overrides=request["payload"].get("overrides") or None, suggest="on_errors"))
         sys.stdout.write(json.dumps(report.to_json()))
         return 0
     except BaseException as e:  # noqa: BLE001 - the parent reads our one-line error

@@ -77,7 +77,7 @@ def check(model: Any, *, tp_size: int, ep_size: int = 1, plan: dict[str, str] | 
         tpaudit.errors.ModelReferenceError: no/such/path.json does not exist and is not a Hub id (org/name). ...
         ```
     """
-    from .audit import Audit
+    from .audit import Audit, CheckRequest
     from .build import BuildOptions, load_plan_file, validate_plan
     from .compat import backend
 
@@ -102,16 +102,11 @@ def check(model: Any, *, tp_size: int, ep_size: int = 1, plan: dict[str, str] | 
     elif tf.is_pretrained_config(model):
         audit = Audit(_source_from_config(model), BuildOptions(plan_override=plan, dtype=dtype, config=model))
     elif isinstance(model, (str, os.PathLike)):
-        from .sources import open_source
-
-        source = open_source(str(model), revision=revision, token=token)
-        audit = Audit(source, BuildOptions(plan_override=plan, dtype=dtype, trust_remote_code=trust_remote_code))
+        audit = Audit.open(str(model), BuildOptions(plan_override=plan, dtype=dtype,
+                                                    trust_remote_code=trust_remote_code),
+                           revision=revision, token=token)
     else:
         raise UsageError(f"model must be a Hub id, a path, a PretrainedConfig or a PreTrainedModel, not "
                          f"{type(model).__name__}")
-    report = audit.report(sizes, options=options, parity=_PARITY[parity], plan_path=plan_path)
-    if suggest:
-        from .suggest import with_suggestion
-
-        report = with_suggestion(audit, report, sizes, options=options)
-    return report
+    return audit.check(CheckRequest(sizes, options=options, parity=_PARITY[parity], plan_path=plan_path,
+                                    suggest="always" if suggest else "never"))

@@ -1,16 +1,20 @@
-"""The pipeline behind `tpaudit check`, one way from the source to the report (stage 6 assembles):
+"""The pipeline behind every command, one way from the source to the report (stage 6 assembles):
 
-    ModelSource -> build (BuiltModel) -> plan (ResolvedPlan) -> simulate (ShardMap) -> [parity evidence]
-                -> checks (findings) -> Report
+    ModelSource -> build (BuiltModel) -> plan (ResolvedPlan) -> simulate (ShardMap) -> load (LoadSection)
+                -> [parity evidence] -> checks (findings) -> Report
 
-An `Audit` builds the model once; `Audit.report(sizes, plan=...)` resolves, simulates and checks one option. The
-simulation does not consume the built model, so `size` reports every (tp_size, ep_size) option, `--suggest` every
-candidate plan and the guard its check from the same build and the same checkpoint mapping.
+Every entry point runs it the same way: `Audit.open(reference, build options)` (or `Audit(source, ...)` for a
+source it made itself: a config object, a model object, a default config) builds the model once, then
+`Audit.check(CheckRequest(...))` (the `check` command, the API, the guard, `verify`) or `Audit.report(sizes, ...)`
+(one option of `size`, `batch`, `scan`, a `--suggest` round) resolves, simulates and checks. The simulation does not
+consume the built model, so every option, every candidate plan and the guard's check share one build and one
+checkpoint mapping.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .build import BuildOptions, BuiltModel, build_model
@@ -21,6 +25,32 @@ from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSize
                     total_bytes, why_unsharded)
 from .plan import ResolvedPlan, resolve_plan
 from .simulate import simulate
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """What one `check` asks of a built model.
+
+    Attributes:
+        sizes (`ParallelSizes`): validated tp/ep sizes.
+        options (`CheckOptions`): budgets, units.
+        parity (`"auto" | "on" | "off"`): the parity check's mode (see `Audit.report`).
+        plan_path (`str`, *optional*): the `--plan` file, where plan findings point.
+        dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides.
+        suggest (`"never" | "always" | "on_errors"`): add a `--suggest` section: never, always, or only when the report
+            has error findings (the guard).
+        baseline (`frozenset[str]`, *optional*): fingerprints (`CODE:target`) an accepted baseline lists, dropped
+            from the findings; `baseline_path` names the file.
+    """
+
+    sizes: ParallelSizes
+    options: CheckOptions = field(default_factory=CheckOptions)
+    parity: str = "auto"
+    plan_path: str | None = None
+    dist_overrides: dict | None = None
+    suggest: str = "never"
+    baseline: frozenset[str] | None = None
+    baseline_path: str | None = None
 
 
 class Audit:
@@ -41,6 +71,39 @@ class Audit:
         self.source = source
         self.options = options or BuildOptions()
         self.built: BuiltModel = build_model(source, self.options)
+
+    @classmethod
+    def open(cls, ref: str, options: BuildOptions | None = None, *, revision: str | None = None,
+             token: str | None = None, progress: bool = False) -> "Audit":
+        """Read `ref` (a local directory, a snapshot file or a Hub id: `sources.open_source`) and build its model.
+
+        Raises:
+            ModelReferenceError, HubError, UsageError: the reference cannot be read (see `sources.open_source`).
+            UnsupportedVersionError, ConfigError, PlanError: see `build.build_model`.
+        """
+        from .sources import open_source
+
+        return cls(open_source(ref, revision=revision, token=token, progress=progress), options)
+
+    def check(self, request: CheckRequest) -> Report:
+        """One `check`: the report for `request.sizes`, with the `--suggest` section and the baseline applied as
+        asked.
+
+        Raises:
+            UsageError, PlanError: as `report`.
+        """
+        report = self.report(request.sizes, options=request.options, dist_overrides=request.dist_overrides,
+                             parity=request.parity, plan_path=request.plan_path)
+        if request.suggest == "always" or (request.suggest == "on_errors" and report.has_errors):
+            from .suggest import with_suggestion
+
+            report = with_suggestion(self, report, request.sizes, options=request.options,
+                                     dist_overrides=request.dist_overrides)
+        if request.baseline is not None:
+            from .baseline import apply_baseline
+
+            report = apply_baseline(report, set(request.baseline), request.baseline_path or "")
+        return report
 
     def report(self, sizes: ParallelSizes, *, plan: dict[str, str] | None = None, options: CheckOptions | None = None,
                dist_overrides: dict | None = None, parity: str = "auto", plan_path: str | None = None,

@@ -177,14 +177,13 @@ def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architectu
     """The static prediction for the directory the ranks loaded (the same checkpoint headers), for the device they
     load on: on `cpu` a quantizer that dequantizes without a GPU (FP8, MXFP4) is predicted to do so, as the ranks'
     own `validate_environment` decides; on `cuda` the quantized layout a GPU keeps."""
-    from .audit import Audit
+    from .audit import Audit, CheckRequest
     from .build import BuildOptions
     from .model import ParallelSizes
-    from .sources import open_source
 
-    audit = Audit(open_source(path), BuildOptions(dtype=dtype, architecture=architecture,
-                                                  trust_remote_code=trust_remote_code, gpu_view=device == "cuda"))
-    return audit.report(ParallelSizes.of(tp_size, ep_size), parity="off")
+    audit = Audit.open(path, BuildOptions(dtype=dtype, architecture=architecture,
+                                          trust_remote_code=trust_remote_code, gpu_view=device == "cuda"))
+    return audit.check(CheckRequest(ParallelSizes.of(tp_size, ep_size), parity="off"))
 
 
 def predicted_failure(report) -> str:

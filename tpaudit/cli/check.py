@@ -67,13 +67,12 @@ def check(
 
     Exit codes: 0 no error finding, 1 at least one, 2 bad input (one line on stderr), 4 a tpaudit bug.
     """
-    from ..audit import Audit
+    from ..audit import Audit, CheckRequest
     from ..build import BuildOptions, load_plan_file
     from ..checks.registry import CheckOptions
     from ..errors import UsageError
     from ..model import ParallelSizes
     from ..report import get
-    from ..sources import open_source
 
     get("check", format)  # an unknown format fails before any work
     if params not in ("families", "all", "none"):
@@ -91,19 +90,14 @@ def check(
 
         accepted = load_baseline(baseline)
     progress = format == "table" and output is None and sys.stdout.isatty()
-    source = open_source(model, revision=revision, token=token, progress=progress)
-    audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
-                                       trust_remote_code=trust_remote_code, dtype=dtype))
+    audit = Audit.open(model, BuildOptions(plan_override=plan_override, architecture=architecture,
+                                           trust_remote_code=trust_remote_code, dtype=dtype),
+                       revision=revision, token=token, progress=progress)
     mode = "auto" if parity is None else ("on" if parity else "off")
-    report = audit.report(sizes, options=options, parity=mode, plan_path=plan)
-    if suggest:
-        from ..suggest import with_suggestion
-
-        report = with_suggestion(audit, report, sizes, options=options)
-    if accepted is not None:
-        from ..baseline import apply_baseline
-
-        report = apply_baseline(report, accepted, baseline)
+    report = audit.check(CheckRequest(sizes, options=options, parity=mode, plan_path=plan,
+                                      suggest="always" if suggest else "never",
+                                      baseline=frozenset(accepted) if accepted is not None else None,
+                                      baseline_path=baseline))
     if write_plan is not None:
         import json
 
