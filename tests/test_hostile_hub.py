@@ -129,3 +129,15 @@ def test_an_endless_ranged_read_stops_at_the_bytes_asked_for(model_dir, tmp_path
     assert_one_error(proc, "acme/model", "model.safetensors")
     sent = [r for r in hub.requests if r.file == "model.safetensors" and r.method == "GET"]
     assert proc.wall < CHILD_SECONDS and not sent  # the intercepted answer is not logged: nothing else was served
+
+
+def test_a_config_json_larger_than_the_cap_is_refused_before_its_download(model_dir, tmp_path):
+    """The endpoint says config.json is 17 MiB (HEAD), over the 16 MiB a config may be: the check stops with one error
+    line naming the file and both sizes, having downloaded none of it (no GET of config.json reaches the server)."""
+    (model_dir / "config.json").write_bytes(b" " * (17 * 2**20))
+    with FakeHub() as hub:
+        hub.add("acme/model", model_dir)
+        proc = check(hub, tmp_path, deadline=CAP_DEADLINE)
+        gets = [r for r in hub.requests if r.file == "config.json" and r.method == "GET"]
+    assert_one_error(proc, "config.json", f"{17 * 2**20:,} B", f"{16 * 2**20:,} B")
+    assert gets == []

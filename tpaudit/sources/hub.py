@@ -351,6 +351,8 @@ def _fetch_tensors(api, repo_id: str, commit: str | None, default_revision: bool
 
         from .files import INDEX_MAX_BYTES, load_json, read_capped
 
+        _refuse_oversized(repo_id, SAFETENSORS_INDEX_FILE, commit, token, endpoint, INDEX_MAX_BYTES,
+                          "safetensors index", budget)
         index_file = hf_hub_download(repo_id, SAFETENSORS_INDEX_FILE, revision=commit, token=token,
                                      endpoint=endpoint, cache_dir=_hub_cache())
         label = _label(repo_id, commit, SAFETENSORS_INDEX_FILE)
@@ -454,6 +456,28 @@ def load_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         hf_logging.set_verbosity(verbosity)
 
 
+def _refuse_oversized(repo_id: str, filename: str, revision: str | None, token, endpoint: str, cap: int,
+                      what: str, budget: _Budget) -> None:
+    """Ask the endpoint for `filename`'s size (one HEAD request, no body) before `hf_hub_download` fetches it, and
+    refuse a file over `cap` bytes: the download itself is bounded by the read's total deadline only.
+
+    Raises:
+        CheckpointError: the endpoint says the file is larger than `cap`.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint),
+                                    token=token, timeout=budget.timeout(10), endpoint=endpoint)
+    except Exception:  # noqa: BLE001 - hf_hub_download asks again and its error is the one to report
+        return
+    size = getattr(meta, "size", None)
+    if isinstance(size, int) and size > cap:
+        label = _label(repo_id, revision, filename)
+        raise CheckpointError(f"{label} is {size:,} B, more than tpaudit reads for a {what} ({cap:,} B). The repo's "
+                              f"{filename} is not what a model repo holds", path=label)
+
+
 def _load(repo_id, revision, token, progress, endpoint, offline, budget: _Budget) -> ModelSource:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.utils import disable_progress_bars
@@ -462,6 +486,10 @@ def _load(repo_id, revision, token, progress, endpoint, offline, budget: _Budget
     from .snapshot import load_snapshot, write_snapshot
 
     down = None if offline else _refuses_connections(endpoint)
+    if not offline and down is None:
+        from .files import CONFIG_MAX_BYTES
+
+        _refuse_oversized(repo_id, "config.json", revision, token, endpoint, CONFIG_MAX_BYTES, "config.json", budget)
     try:
         # an endpoint that refuses connections: the cache answers, as huggingface_hub's own fallback does
         config_file = hf_hub_download(repo_id, "config.json", revision=revision, token=token, endpoint=endpoint,
