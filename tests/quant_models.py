@@ -148,3 +148,21 @@ def qwen3_vl_moe(out: Path) -> Path:
     Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(text_config=text, vision_config=vision,
                                                         dtype="float32")).save_pretrained(out)
     return out
+
+
+def qwen3_vl_moe_as_published(out: Path) -> Path:
+    """The tiny qwen3_vl_moe with its fused experts stored as Qwen3-VL-30B-A3B-Instruct's checkpoint stores them
+    (`gate_up_proj [E, hidden, 2 x intermediate]`, `down_proj [E, intermediate, hidden]`: the listing in fixtures/),
+    i.e. transposed against the runtime parameters, which the loader's `Transpose` turns back."""
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    saved = qwen3_vl_moe(out.parent / (out.name + "-runtime-layout"))
+    shutil.copytree(saved, out, dirs_exist_ok=True)
+    tensors = load_file(str(saved / "model.safetensors"))
+    fused = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+    save_file({k: (v.transpose(1, 2).contiguous() if k.endswith(fused) else v) for k, v in tensors.items()},
+              os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    return out

@@ -30,6 +30,7 @@ def models(tmp_path_factory):
         "fp8_block": q.fp8_block(root / "fp8-block"),
         "int4_moe": q.compressed_tensors_moe(root / "int4-moe"),
         "qwen3_vl_moe": q.qwen3_vl_moe(root / "qwen3-vl-moe"),
+        "qwen3_vl_moe_published": q.qwen3_vl_moe_as_published(root / "qwen3-vl-moe-published"),
     }
 
 
@@ -56,13 +57,24 @@ def test_int4_moe_experts_are_decompressed_on_one_rank(models):
     assert out["match"] is True and out["ranks"][0]["measured_param_bytes"] == out["ranks"][0]["predicted_param_bytes"]
 
 
-@pytest.mark.parametrize("name, sizes", [("int4_moe", ("--tp", "2")), ("qwen3_vl_moe", ("--tp", "2", "--ep", "2"))])
+@pytest.mark.parametrize("name, sizes", [("int4_moe", ("--tp", "2")), ("qwen3_vl_moe", ("--tp", "2", "--ep", "2")),
+                                         ("qwen3_vl_moe_published", ("--tp", "2"))])
 def test_a_load_that_fails_was_predicted(models, name, sizes):
-    """Kimi-K2.5's layout at tp 2 (its 1-D `weight_shape` cannot be read with the experts' placement), and a
-    qwen3_vl_moe saved by transformers at ep 2 (the stored experts are transposed after being sliced): the load fails
-    on the ranks (exit 3), and `check`'s prediction for the same input said so (TPA304)."""
+    """Kimi-K2.5's layout at tp 2 (its 1-D `weight_shape` cannot be read with the experts' placement); a
+    qwen3_vl_moe saved by transformers at ep 2 (stored in the runtime layout, its experts' local pieces are transposed
+    by the loader's `Transpose(check_dims=True)`, which compares them with the whole parameter); and one stored as
+    Qwen3-VL-30B-A3B is, at tp 2 (sliced on the stored axes before the `Transpose`): the load fails on the ranks
+    (exit 3), and `check`'s prediction for the same input said so (TPA304)."""
     proc = run_cli("verify", str(models[name]), *sizes, "--device", "cpu", timeout=600)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the model failed to load on rank ")
     assert "tpaudit check predicted it: TPA304" in line
+
+
+def test_qwen3_vl_moe_as_published_loads_under_expert_parallelism(models):
+    """The same Qwen3-VL layout at tp 2 with ep 2: each rank reads whole experts, the `Transpose` turns them back, and
+    every rank holds exactly the predicted bytes (what TPA304's fix suggests: `--ep`)."""
+    proc, out = _verify(models["qwen3_vl_moe_published"], "--tp", "2", "--ep", "2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert out["match"] is True and out["mismatches"] == []

@@ -61,10 +61,16 @@ def check_load_failure(ctx: CheckContext) -> Iterable[Finding]:
                        f"{list(issue.local_shape)} shard where the parameter's local shard is "
                        f"{list(issue.expected_shape)}: the load stops with a size mismatch")
         key = ctx.relative_key(member.rule) if member is not None and member.rule else ctx.relative_key(issue.name)
+        fix = (f"Keep `{key}` whole (drop its rule) or split it as the stored layout allows, or store the checkpoint "
+               "in the runtime layout; confirm with tpaudit verify")
+        sizes = ctx.shard_map
+        if member is not None and member.plan == "tp" and sizes.ep_size == 1 and ctx.plan.ep_rules:
+            # the model has an expert-parallel plan: splitting the experts by expert reads each stored tensor whole
+            fix = (f"Try expert parallelism, which splits the experts by expert and reads each stored tensor whole "
+                   f"(tpaudit check --tp {sizes.tp_size} --ep {sizes.tp_size} says whether that load works); else "
+                   + fix[0].lower() + fix[1:])
         yield Finding(
-            code="TPA304", kind="load_failure", severity="error", target=issue.name, message=message,
-            fix=(f"Keep `{key}` whole (drop its rule) or split it as the stored layout allows, or store the "
-                 "checkpoint in the runtime layout; confirm with tpaudit verify"),
+            code="TPA304", kind="load_failure", severity="error", target=issue.name, message=message, fix=fix,
             facts=_facts(issue))
 
 

@@ -204,7 +204,7 @@ def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
                 message=(f"`{p.generic_name}` {list(p.global_shape)} is split on its axis {p.shard_dim} of size 1 by "
                          f"`{p.rule}: {p.style}`: {ranks_text(empty)} {'gets' if len(empty) == 1 else 'get'} an empty {list(p.local_shapes[empty[0]])} "
                          f"scale next to a {list(weight.local_shapes[empty[0]])} `{weight.name.rpartition('.')[2]}` "
-                         "shard, which they cannot dequantize"),
+                         f"shard, which {'it' if len(empty) == 1 else 'they'} cannot dequantize"),
                 fix=f"Add rule `{ctx.relative_key(p.generic_name)}: replicate`",
                 facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape), "axis": p.shard_dim,
                        "empty_ranks": empty, "local_shapes": [list(s) for s in p.local_shapes],
@@ -261,10 +261,24 @@ def check_quant_config_mismatch(ctx: CheckContext) -> Iterable[Finding]:
                      f"{', '.join(f'`{x}`' for x in leaves)}, but the checkpoint holds it unquantized "
                      f"(`{tensor.name}` {tensor.dtype} {list(tensor.shape)}, {ctx.size(stored_bytes)} in all): the load "
                      "drops the stored tensors and leaves the quantized parameters uninitialised"),
-            fix=f"Add `{generic.replace('.*', '').rsplit('.', 1)[0]}` to the quantization config's `ignore` list (a "
-                "`re:` pattern covers every layer), or narrow its `targets`",
+            fix=f"Add `{_ignore_pattern(generic, ctx.text_prefix)}` to the quantization config's `ignore` list "
+                "(compressed-tensors matches it against the runtime module names), or narrow its `targets`",
             facts={"modules": len(items), "stored_bytes": stored_bytes, "example": tensor.name,
                    "missing": leaves})
+
+
+def _ignore_pattern(generic: str, text_prefix: str) -> str:
+    """A compressed-tensors `ignore` entry covering a module family: `re:.*vision_tower.*` for
+    `model.vision_tower.layers.*.attn.proj` (the first part of the path below the model's own prefix), the module
+    itself (`re:.*mm_projector\\.in_proj$`) when that part is the module."""
+    import re
+
+    parts = [p for p in generic.split(".") if p not in ("model", "*") and not p.isdigit()]
+    if text_prefix and generic.startswith(text_prefix + "."):
+        parts = [p for p in generic[len(text_prefix) + 1:].split(".") if p != "*"]
+    if len(parts) >= 3:
+        return f"re:.*{re.escape(parts[0])}.*"
+    return "re:.*" + re.escape(".".join(parts)) + "$"
 
 
 @rule("TPA202", "quant_block_misaligned")

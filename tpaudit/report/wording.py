@@ -68,8 +68,8 @@ def load_verdict(load, unit: str = "GiB") -> tuple[str, str]:
     if failing:
         families = len({i.name for i in load.issues if i.kind in ("raises", "shape")})
         return "fail", (f"FAILS on {ranks_text(failing)}: transformers' own shard-on-read and conversion break "
-                        f"{families} parameter famil{'y' if families == 1 else 'ies'} (TPA304); where it loads, rank "
-                        f"{worst} reads {figures} and holds {held_text} ({what})")
+                        f"{families} parameter famil{'y' if families == 1 else 'ies'} (TPA304); if it loaded, rank "
+                        f"{worst} would read {figures} and hold {held_text} ({what})")
     if decompressed:
         return "decompress", f"rank {worst} reads {figures} and holds {held_text}: {what}{later}"
     return "ok", f"rank {worst} reads {figures}, {what}{later}"

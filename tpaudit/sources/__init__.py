@@ -60,6 +60,12 @@ def classify_reference(ref: str) -> str:
             ref=ref,
         )
     if _HUB_ID.match(ref) and ".." not in ref and not ref.endswith(".json") and not ref.endswith(".gz"):
+        org = ref.split("/", 1)[0]
+        if os.path.isdir(org):  # `fixtures/nope`: a mistyped local path, not a Hub id
+            raise ModelReferenceError(
+                f"{ref} does not exist: {org}/ is a local directory here, so {ref} names a local path, not a Hub "
+                f"repo. Check the path (to read the Hub repo {ref}, run tpaudit from a directory without {org}/)",
+                ref=ref)
         return "hub"
     raise ModelReferenceError(
         f"{ref} does not exist and is not a Hub id (org/name). Pass an existing model directory, a snapshot file, "
