@@ -262,3 +262,25 @@ def test_first_forward_decompression_is_measured_as_predicted(tmp_path, preset, 
     report = audit(str(path), tp=1)
     assert report.loading.rank_resident_bytes == (loaded,)
     assert report.loading.rank_first_forward_bytes == (after,)
+
+
+def test_suggest_keeps_split_quantization_metadata_whole():
+    """Llama-3.1-70B W8A16 at tp 8: TPA201 (7 `weight_shape`s) and TPA203 (the rowwise o_proj/down_proj
+    `weight_scale`s) each name the rule that fixes them; --suggest proposes exactly those nine `replicate` rules,
+    re-simulates (no error left), and gives them with full keys as `DistributedConfig(tp_plan=...)` overrides, which
+    transformers' own plan resolution accepts (a report with those overrides has no error either)."""
+    from tpaudit.model import ParallelSizes
+    from tpaudit.audit import Audit, CheckRequest
+
+    audit = Audit.open(str(FIXTURES / "llama-3.1-70b-w8a16.snapshot.json.gz"))
+    report = audit.check(CheckRequest(ParallelSizes.of(8), suggest="always"))
+    s = report.suggestion
+    shapes = {f"layers.*.{m}.weight_shape" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                       "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                       "mlp.down_proj")}
+    scales = {"layers.*.self_attn.o_proj.weight_scale", "layers.*.mlp.down_proj.weight_scale"}
+    assert s.rules == {k: "replicate" for k in shapes | scales}
+    assert s.before["errors"] == 9 and s.after["errors"] == 0 and s.remaining_errors == []
+    assert s.tp_plan_override == {f"model.{k}": "replicate" for k in shapes | scales}
+    loaded = audit.report(ParallelSizes.of(8), dist_overrides={"tp_plan": s.tp_plan_override})
+    assert not [f for f in loaded.findings if f.severity == "error"]

@@ -815,6 +815,10 @@ class SuggestionSection:
         plan (`dict`, *optional*): the whole proposed `base_model_tp_plan`.
         snippet (`str`, *optional*): it as Python, ready to paste.
         new_errors (`list[dict]`): error findings the proposed plan has that the current one does not.
+        remaining_errors (`list[str]`): every error finding the proposed plan still has (`CODE target`).
+        tp_plan_override (`dict[str, str]`): the proposed rules with full keys, as
+            `DistributedConfig(tp_plan=...)` takes them at load time (transformers merges them into the model's plan),
+            for a user who cannot edit the config class.
     """
 
     rules: dict[str, str]
@@ -826,6 +830,8 @@ class SuggestionSection:
     plan: dict[str, str] | None = None
     snippet: str | None = None
     new_errors: list[dict] = field(default_factory=list)
+    remaining_errors: list[str] = field(default_factory=list)
+    tp_plan_override: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

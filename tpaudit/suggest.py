@@ -123,9 +123,14 @@ def _votes_for(key: str, plans: dict[str, dict[str, str]]) -> tuple[str, Counter
     return "", Counter(), {}
 
 
+# findings whose fix is to keep one parameter whole (`replicate`), with the key in their subject
+_REPLICATE_KINDS = ("quant_metadata_sharded", "quant_scale_split")
+
+
 def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: dict | None = None,
                   defer: set[str] | None = None) -> tuple[list[Suggestion], list[Unresolved]]:
-    """Rules for the error-severity replicated families of `report`.
+    """Rules for the error-severity replicated families of `report` (voted by sibling architectures), and the
+    `replicate` rules that quantization metadata and scales split by their module's rule need (TPA201, TPA203).
 
     Args:
         report (`Report`): the first simulation.
@@ -144,6 +149,13 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
     suggestions: dict[str, Suggestion] = {}
     unresolved: list[Unresolved] = []
     for f in report.findings:
+        if f.kind in _REPLICATE_KINDS and f.severity == "error" and f.subject and f.subject.rule_key:
+            # quantization metadata or a scale the module's rule splits: its own finding names the rule that keeps
+            # it whole on every rank (transformers looks a parameter's own rule up before its module's)
+            key = f.subject.rule_key
+            if key not in base_plan and key not in suggestions and key not in (defer or ()):
+                suggestions[key] = Suggestion(key, "replicate", [f.code], 1, 1)
+            continue
         if f.kind != "replicated_weight" or f.severity != "error":
             continue
         subject = f.subject or FindingSubject()
@@ -192,7 +204,11 @@ def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Sugge
     for key, style in base_plan.items():
         lines.append(f'    "{key}": "{style}",')
     for s in suggestions:
-        lines.append(f'    "{s.key}": "{s.style}",  # added: as in {s.votes} plan(s), e.g. {", ".join(s.voters[:3])}')
+        if s.voters and all(v.startswith("TPA") for v in s.voters):  # a fix a finding names, not a vote
+            lines.append(f'    "{s.key}": "{s.style}",  # added: kept whole on every rank ({", ".join(s.voters)})')
+        else:
+            lines.append(f'    "{s.key}": "{s.style}",  # added: as in {s.votes} plan(s), e.g. '
+                         f'{", ".join(s.voters[:3])}')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -259,7 +275,9 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
             voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
             after=summary(after), plan=plan, snippet=snippet(built.owner_class, base_plan, suggestions, sorted(dead)),
             new_errors=[f.to_json() for f in after.findings
-                        if f.severity == "error" and f.fingerprint not in before_errors])
+                        if f.severity == "error" and f.fingerprint not in before_errors],
+            remaining_errors=[f"{f.code} {f.target}" for f in after.findings if f.severity == "error"],
+            tp_plan_override={prefix + s.key: s.style for s in suggestions})
     return dataclasses.replace(report, suggestion=SuggestionSection(**fields))
 
 

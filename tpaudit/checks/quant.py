@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..model import Finding
+from ..model import Finding, FindingSubject
 from ._shapes import OUT_STYLES, chunk, local_logical, quant_scheme, quant_units
 from .registry import CheckContext, rule
 
@@ -78,7 +78,9 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
             message=f"`{generic}` {why} (rule `{p.rule}: {p.style}`)",
             fix=f"Add rule `{ctx.relative_key(generic)}: replicate`",
             facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape),
-                   "local_shapes": [list(s) for s in p.local_shapes]})
+                   "local_shapes": [list(s) for s in p.local_shapes]},
+            subject=FindingSubject(rule_key=ctx.relative_key(generic), key_kind="parameter",
+                                   families=(generic,)))
     yield from _lost_on_load(ctx, scheme)
 
 
@@ -206,6 +208,8 @@ def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
                          f"scale next to a {list(weight.local_shapes[empty[0]])} `{weight.name.rpartition('.')[2]}` "
                          f"shard, which {'it' if len(empty) == 1 else 'they'} cannot dequantize"),
                 fix=f"Add rule `{ctx.relative_key(p.generic_name)}: replicate`",
+                subject=FindingSubject(rule_key=ctx.relative_key(p.generic_name), key_kind="parameter",
+                                       families=(p.generic_name,)),
                 facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape), "axis": p.shard_dim,
                        "empty_ranks": empty, "local_shapes": [list(s) for s in p.local_shapes],
                        "weight": weight.generic_name, "weight_local_shapes": [list(s) for s in weight.local_shapes]})

@@ -240,6 +240,16 @@ def _suggestion(section, unit: str, console: Console) -> None:
             f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
         # Meant to be copied: never wrapped or cropped at the terminal's width.
         console.print(Text(inert(section.snippet.rstrip(), keep_newlines=True)), soft_wrap=True, highlight=False)
+        if section.tp_plan_override:
+            import json
+
+            console.print(Text("or, leaving the config as it is, at load time:", style="dim"))
+            console.print(Text(inert("DistributedConfig(tp_size=N, tp_plan=" + json.dumps(
+                section.tp_plan_override, indent=4) + ")", keep_newlines=True)), soft_wrap=True, highlight=False)
+        if section.remaining_errors:
+            console.print(Text(f"still {len(section.remaining_errors)} error finding(s) with this plan: ",
+                               style="bold yellow") + Text(inert(", ".join(section.remaining_errors[:6]))
+                                                           + (" ..." if len(section.remaining_errors) > 6 else "")))
     else:
         console.print(Text("No rule to suggest: no sibling architecture shards the replicated families.",
                            style="bold"))
