@@ -114,11 +114,6 @@ class BuiltModel:
     notes: list[str] = field(default_factory=list)
     _active: dict[str, str] | None = None
 
-    @property
-    def text_config(self):
-        """The config that owns the base model's plan (the text config of a composite model)."""
-        return self.owner_config
-
     def config_target(self, attr: str) -> str:
         """A config attribute as a finding target, dotted from the top-level config (`text_config.vocab_size`)."""
         return f"{self.plan_owner}.{attr}" if self.plan_owner else attr

@@ -179,7 +179,8 @@ class CheckContext:
     """What the checks read: the built model's facts, the resolved plan, the shard map and the parity evidence.
 
     Attributes:
-        built (`BuiltModel`): the meta model's facts (config, text prefix, modules, mapping, quantization).
+        built (`BuiltModel`): the meta model and its facts (`built.facts`, text prefix, modules, mapping,
+            quantization).
         plan (`ResolvedPlan`), shard_map (`ShardMap`).
         options (`CheckOptions`).
         parity (`ParityResult`, *optional*): the sharded forward's verdict, when it ran.
@@ -198,10 +199,6 @@ class CheckContext:
     @property
     def source(self):
         return self.built.source
-
-    @property
-    def config(self):
-        return self.built.config
 
     @property
     def architecture(self) -> str:
@@ -232,9 +229,10 @@ class CheckContext:
         return self.built.modules
 
     @property
-    def text_config(self):
-        """The config that owns the base model's plan (the text config of a composite model)."""
-        return self.built.owner_config
+    def facts(self):
+        """The model's facts (`facts.ModelFacts`): config values by the vocabulary's roles, per-layer geometry,
+        modules, the quantization layout. Checks read these, never a live transformers config."""
+        return self.built.facts
 
     @property
     def owner_class(self) -> str:
