@@ -112,9 +112,9 @@ O_LORA_RANK = ConfigRole("o_lora_rank", ("o_lora_rank",),
 ATTENTION_HEADS = ConfigRole(
     "attention_heads",
     ("num_attention_heads", "n_head", "n_heads", "num_heads", "swa_num_attention_heads",
-     "num_sliding_attention_heads"),
-    "Query heads of the attention layers; the last two are sliding-window layers' own count where it differs "
-    "(Inkling 2, Step-3.5/3.7). Checks read the first spelling a config has (TPA101).")
+     "num_sliding_attention_heads", "num_attention_heads_per_layer"),
+    "Query heads of the attention layers; then sliding-window layers' own count where it differs (Inkling 2, "
+    "Step-3.5/3.7) and Laguna's per-layer list. Checks read the first spelling a config has (TPA101).")
 KV_HEADS = ConfigRole(
     "kv_heads",
     ("num_key_value_heads", "num_kv_heads", "kv_n_heads", "num_global_key_value_heads", "swa_num_key_value_heads"),
@@ -159,7 +159,8 @@ INDEXER_HEAD_DIM = ConfigRole("indexer_head_dim", ("index_head_dim", "indexer_he
 # ======================================================================================================================
 # Config attributes: counts and layout
 # ======================================================================================================================
-LAYERS = ConfigRole("layers", ("num_hidden_layers", "n_layer", "n_layers"), "Decoder layers.")
+LAYERS = ConfigRole("layers", ("num_hidden_layers", "n_layer", "n_layers"),
+                    "Decoder layers (one `LayerFacts` each; the small model keeps one of each kind).")
 EXPERTS = ConfigRole("experts", ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
                      "Routed experts per MoE layer (a router's output width, TPA001; an `ep_size` must divide it).")
 SHARED_EXPERTS = ConfigRole("shared_experts", ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"),
@@ -325,8 +326,13 @@ NOT_A_ROLE: dict[str, str] = {
                                    "role)",
     "hidden_size_per_layer_input": "Gemma 3n/4's per-layer-embedding signal width: its projections are kept whole by "
                                    "transformers' plans and the small model keeps it",
+    "out_hidden_size": "Muse Glimmer's vision-to-language projector output width (a tower's, not the decoder's)",
+    "projector_hidden_size": "Muse Glimmer's / Cosmos3-Edge's vision projector MLP width (a tower's, not the "
+                             "decoder's)",
     "moe_hidden_size": "Muse Spark's pooled width its experts run at (their input/output width, not an MLP hidden "
                        "width; the experts' hidden width is `moe_intermediate_size`)",
+    # MLP widths
+    "block_ffn_dim_multiplier": "LFM2's multiplier of its MLP width (a ratio, not a width)",
     # experts
     "index_topk": "tokens DeepSeek-V3.2's sparse-attention indexer keeps (top-k tokens, not experts)",
     "index_topk_blocks": "blocks MiniMax-M3's sparse-attention indexer keeps (not experts)",
