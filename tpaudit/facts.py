@@ -140,26 +140,26 @@ class ModelFacts:
                 return a, found
         return role.canonical, []
 
-    def attribute_for(self, role: V.ConfigRole, wanted: int, raw: dict | None = None) -> tuple[str, Any]:
-        """The config attribute that sets a per-layer value of `role`: the canonical spelling when its global value
-        is `wanted`, else the first spelling whose global value is (Gemma 4's `num_global_key_value_heads` = 4 for
-        its global layers, while `num_key_value_heads` = 16).
-
-        `raw` is the `config.json` section the config was read from: transformers may fold such an attribute into
-        the per-layer configs and keep no attribute of that name (Gemma 4's `num_global_key_value_heads`), while
-        `config.json`, the file a user edits, still names it.
+    def attribute_for(self, role: V.ConfigRole, wanted: int, raw: dict | None = None,
+                      *also: V.ConfigRole) -> tuple[str, Any]:
+        """The config attribute that sets a per-layer value of `role` (then of the roles `also`, e.g. the attention
+        heads a config without KV heads uses for both): the first spelling whose value is `wanted` in `raw` (the
+        `config.json` section the config was read from: the file a user edits, which still names an attribute
+        transformers folds into its per-layer configs, such as Gemma 4's `num_global_key_value_heads`), else in the
+        config (`num_global_key_value_heads` = 4 for Gemma 4's global layers, while `num_key_value_heads` = 16).
 
         Returns:
             `(attribute name, its value)`; `("per_layer_config.<canonical>", wanted)` when no attribute holds `wanted`
             globally (only the per-layer configs do).
         """
-        for a in role.attrs:
-            if self.attributes.get(a) == wanted:
-                return a, wanted
-        if isinstance(raw, dict):
-            for a in role.attrs:
-                v = raw.get(a)
-                if v == wanted and not isinstance(v, bool):
+        for r in (role, *also):
+            if isinstance(raw, dict):
+                for a in r.attrs:
+                    v = raw.get(a)
+                    if v == wanted and not isinstance(v, bool):
+                        return a, wanted
+            for a in r.attrs:
+                if self.attributes.get(a) == wanted:
                     return a, wanted
         return f"{V.PER_LAYER_CONFIG.canonical}.{role.canonical}", wanted
 
@@ -243,8 +243,9 @@ _LAYER = re.compile(r"\.(?:" + "|".join(map(re.escape, V.DECODER_LAYERS.leaves))
 
 def _unknown_roles(facts: ModelFacts, layers: tuple[LayerFacts, ...], text_prefix: str) -> list[str]:
     """Notes for the roles the table cannot fill: layers with a per-token KV cache and no key projection the table
-    names, and attention modules with no head count the table knows."""
+    names, and decoder attention modules whose geometry (heads, layers, width) the table cannot read."""
     notes = []
+    prefix = text_prefix + "." if text_prefix else ""
     carriers = V.leaves_of(*V.KEY_CARRIERS)
     if layers:
         have = {layer_index(name, text_prefix) for name in facts.modules if name.rpartition(".")[2] in carriers}
@@ -254,18 +255,30 @@ def _unknown_roles(facts: ModelFacts, layers: tuple[LayerFacts, ...], text_prefi
                 missing.setdefault(layer.layer_type, []).append(layer.index)
         for layer_type, indices in missing.items():
             where = ", ".join(map(str, indices[:6])) + (", ..." if len(indices) > 6 else "")
+            below = " or ".join(f"`{prefix}{leaf}.N`" for leaf in V.DECODER_LAYERS.leaves)
             notes.append(
                 f"key projection unknown: {len(indices)} {layer_type} layer(s) ({where}) have no module tpaudit's "
-                f"vocabulary names a key projection ({', '.join(sorted(carriers))}, below "
-                f"`{text_prefix + '.' if text_prefix else ''}layers.N`): TPA102 cannot judge the KV heads of layer "
-                f"type {layer_type}, and the kv_cache section counts them whole on every rank")
-    else:
+                f"vocabulary names a key projection ({', '.join(sorted(carriers))}, below {below}): TPA102 cannot "
+                f"judge the KV heads of layer type {layer_type}, and the kv_cache section counts them whole on every "
+                "rank")
+    elif not has_attention_geometry(facts):
         attention = V.leaves_of(V.QUERY, V.KEY, V.FUSED_QKV)
         if any(layer_index(n, text_prefix) is not None and n.rpartition(".")[2] in attention for n in facts.modules):
-            notes.append(f"attention heads unknown: the {facts.config_class} names no head count, layer count and "
-                         f"width tpaudit's vocabulary knows ({', '.join(V.ATTENTION_HEADS.attrs[:4])}, ...): TPA101 "
-                         "and TPA102 cannot judge head splits, and the report has no kv_cache section")
+            notes.append(f"attention geometry unknown: {_missing_geometry(facts)}: TPA102 cannot judge KV heads, and "
+                         "the report has no kv_cache section")
     return notes
+
+
+def _missing_geometry(facts: ModelFacts) -> str:
+    """Why `has_attention_geometry` is false, in words."""
+    attr, per_layer = facts.role_values(V.ATTENTION_HEADS)
+    if facts.get(V.ATTENTION_HEADS) is None and per_layer:
+        return f"the {facts.config_class}'s `{attr}` differs by layer ({', '.join(map(str, per_layer[:4]))})"
+    missing = [r for r in (V.ATTENTION_HEADS, V.LAYERS) if not isinstance(facts.get(r), int)]
+    if isinstance(facts.get(V.ATTENTION_HEADS), int) and isinstance(facts.get(V.LAYERS), int):
+        missing = [V.HIDDEN, V.HEAD_DIM]
+    return f"the {facts.config_class} gives no " + " and no ".join(
+        f"{r.name.replace('_', ' ')} ({', '.join(f'`{a}`' for a in r.attrs[:4])})" for r in missing)
 
 
 def _quant_scheme(config, owner) -> QuantScheme | None:

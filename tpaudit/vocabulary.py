@@ -227,8 +227,9 @@ SINGLE_HEAD_DIMS: tuple[ConfigRole, ...] = (HEAD_DIM, LINEAR_KEY_HEAD_DIM, LINEA
 # ======================================================================================================================
 # Config values and marks
 # ======================================================================================================================
-NO_CACHE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "recurrent", "rwkv"})
-"""`layer_types` entries whose layers keep a fixed-size state, no per-token KV cache."""
+NO_CACHE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "recurrent", "rwkv", "moe", "mlp"})
+"""`layer_types` entries whose layers keep a fixed-size state or no state at all, no per-token KV cache: linear
+attention and state-space layers, and NemotronH's `moe` / `mlp` layers, which hold no attention."""
 WINDOW_LAYER_TYPES: dict[str, ConfigRole] = {"sliding_attention": SLIDING_WINDOW,
                                              "chunked_attention": ATTENTION_CHUNK}
 """`layer_types` entries whose layers keep at most a window of tokens, and the attribute that sets the window."""
@@ -279,9 +280,10 @@ FUSED_GATE_UP = ModuleRole("fused_gate_up", ("gate_up_proj", "w13", "gate_up", "
                            "Gate and up projections in one output (`packed_colwise` keeps both halves; TPA501).")
 EMBEDDING = ModuleRole("embedding", ("embed_tokens", "lm_head", "wte", "word_embeddings"),
                        "Token embedding and output head: their rows are the vocabulary (TPA101 names `vocab_size`).")
-DECODER_LAYERS = ModuleRole("decoder_layers", ("layers",),
-                            "The module list of decoder layers below the text model (`model.layers.N`): where a "
-                            "layer's key projection is looked for.")
+DECODER_LAYERS = ModuleRole("decoder_layers", ("layers", "h"),
+                            "The module list of decoder layers below the text model (`model.layers.N`, GPT-2-style "
+                            "`transformer.h.N`): where a layer's key projection is looked for (TPA102, the KV-cache "
+                            "section) and what TPA003 calls the decoder layers.")
 
 MODULE_ROLES: tuple[ModuleRole, ...] = (QUERY, KEY, VALUE, FUSED_KV, MLA_KV_UP, FUSED_QKV, OUTPUT, GENERIC_OUTPUT,
                                         ATTENTION_BLOCK, FUSED_GATE_UP, EMBEDDING, DECODER_LAYERS)

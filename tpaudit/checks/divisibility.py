@@ -86,6 +86,8 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
         return
     heads_attr, heads_values = ctx.facts.role_values(V.ATTENTION_HEADS)
     heads_values = [h for h in heads_values if isinstance(h, int)]
+    # name the spelling config.json uses (CodeGen's `n_head`), the file a user edits
+    heads_attr = next((a for a in V.ATTENTION_HEADS.attrs if a in _raw_section(ctx)), heads_attr)
     bad_heads = [h for h in heads_values if h % tp]
     by_target: dict[str, dict] = {}
     for g in sharded_groups(ctx):
@@ -183,8 +185,7 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
             bad[layer.kv_heads].append(layer.index)
             shares.setdefault(layer.kv_heads, [layer.kv_heads * x for x in local])
     for heads, indices in sorted(bad.items()):
-        raw = ctx.source.config.get(ctx.plan_owner) if ctx.plan_owner else ctx.source.config
-        attr, attr_value = ctx.facts.attribute_for(V.KV_HEADS, heads, raw)
+        attr, attr_value = ctx.facts.attribute_for(V.KV_HEADS, heads, _raw_section(ctx), V.ATTENTION_HEADS)
         target = ctx.config_target(attr)
         exact = shares[heads]
         text = " / ".join(f"{h:.5g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.5g} .. {min(exact):.5g}"
@@ -200,6 +201,12 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
             facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": heads / tp, "heads_by_rank": exact,
                    "layers": indices, "attribute": attr, "attribute_value": attr_value,
                    "transformers_kv_heads_per_rank": tf_answer})
+
+
+def _raw_section(ctx: CheckContext) -> dict:
+    """The `config.json` section of the config that owns the plan (`text_config` of a composite model)."""
+    raw = ctx.source.config.get(ctx.plan_owner) if ctx.plan_owner else ctx.source.config
+    return raw if isinstance(raw, dict) else {}
 
 
 def _layers_text(indices: list[int]) -> str:

@@ -263,9 +263,13 @@ class CheckContext:
         return not self.text_prefix or name.startswith(self.text_prefix + ".")
 
     def in_decoder_layers(self, p: ParamShard) -> bool:
-        """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`)."""
+        """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`, or another name of
+        `vocabulary.DECODER_LAYERS`)."""
+        from ..vocabulary import DECODER_LAYERS
+
         prefix = self.text_prefix + "." if self.text_prefix else ""
-        return p.name.startswith(prefix) and ".layers." in "." + p.name[len(prefix):]
+        rest = "." + p.name[len(prefix):]
+        return p.name.startswith(prefix) and any(f".{leaf}." in rest for leaf in DECODER_LAYERS.leaves)
 
 
 def run_checks(ctx: CheckContext) -> list[Finding]:
