@@ -16,6 +16,7 @@ config.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,14 +124,6 @@ class ModelFacts:
         attr = self.spelling(role)
         return self.attributes[attr] if attr is not None else None
 
-    def int_of(self, role: V.ConfigRole) -> int | None:
-        """The value of the first spelling of `role` that holds an int (not a bool), else `None`."""
-        for a in role.attrs:
-            v = self.attributes.get(a)
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
-        return None
-
     def role_values(self, role: V.ConfigRole) -> tuple[str, list]:
         """`(spelling, values)`: the first spelling of `role` that the config or any of its layers gives a value, and
         its `values`; `(role.canonical, [])` when none does."""
@@ -186,9 +179,7 @@ def read_facts(tf, config, owner, modules: dict[str, ModuleFacts], text_prefix: 
     notes: list[str] = []
     layers = _layers(tf, owner, facts, notes)
     notes += _unknown_roles(facts, layers, text_prefix)
-    return ModelFacts(model_type=facts.model_type, config_class=facts.config_class, attributes=attributes,
-                      layer_attributes=layer_attributes, layers=layers, modules=modules, quant=facts.quant,
-                      notes=tuple(notes))
+    return dataclasses.replace(facts, layers=layers, notes=tuple(notes))
 
 
 def _plain_values(tf, config, names) -> dict[str, Any]:
