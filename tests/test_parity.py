@@ -144,7 +144,7 @@ def test_expert_count_keeps_divisibility_and_group_limited_routing():
     """By hand. DeepSeek-V3: 256 experts in n_group 8, topk_group 4, top-8. At tp 8 (m = 16) the smallest v >= 16
     with v = 256 = 0 (mod 16), 8 | v, v / 8 >= 2 and 4 * v / 8 >= 8 is 16. Qwen2-MoE's 60 experts at tp 8: 60 = 12
     (mod 16), floor max(16, 2 * 4) = 16 -> 28 (indivisible by 8 stays so, with remainder 4). A count at or under the
-    floor (Mixtral's 8), or one whose top-k the config does not name, is kept."""
+    floor (Mixtral's 8), or one whose top-k the config does not name, is kept; ERNIE's own spellings are known."""
     from tpaudit.evidence import shrink_config
 
     deepseek = {"n_routed_experts": 256, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8}
@@ -155,8 +155,12 @@ def test_expert_count_keeps_divisibility_and_group_limited_routing():
     assert small["num_experts"] == 28 and 28 % 8 == 60 % 8
     small, _ = shrink_config({"num_local_experts": 8, "num_experts_per_tok": 2}, 4)
     assert small["num_local_experts"] == 8
-    small, _ = shrink_config({"num_experts": 64, "moe_k": 6}, 4)
+    small, _ = shrink_config({"num_experts": 64}, 4)
     assert small["num_experts"] == 64
+    # ERNIE 4.5 MoE stores its experts and top-k as `moe_num_experts` / `moe_k` (transformers aliases them as
+    # num_experts / num_experts_per_tok): at tp 4 (m = 8) the floor max(16, 2 * 6) = 16 already has 64's residue 0
+    small, _ = shrink_config({"moe_num_experts": 64, "moe_k": 6}, 4)
+    assert small["moe_num_experts"] == 16 and small["moe_k"] == 6
     # 4 equal groups need v = 0 (mod 4), tp 4 needs v = 10**12 + 2 = 2 (mod 8): no value fits, and none is searched for
     # long (the search stops after one period of the residues)
     huge = {"n_routed_experts": 10**12 + 2, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 8}

@@ -164,7 +164,7 @@ def _kv(built: BuiltModel, shard_map):
     from .kvcache import kv_section
 
     itemsize = torch.empty((), dtype=getattr(torch, built.dtype)).element_size()
-    return kv_section(built.text_config, shard_map, built.text_prefix, built.dtype, itemsize)
+    return kv_section(built.facts, shard_map, built.text_prefix, built.dtype, itemsize)
 
 
 def _model_info(built: BuiltModel) -> dict:
@@ -172,7 +172,7 @@ def _model_info(built: BuiltModel) -> dict:
     tensors = source.tensors
     return {
         "ref": source.ref, "kind": source.kind, "repo_id": source.repo_id, "revision": source.revision,
-        "commit": source.commit, "model_type": getattr(built.config, "model_type", None),
+        "commit": source.commit, "model_type": built.facts.model_type,
         "architecture": built.architecture, "dtype": built.dtype, "config_only": source.config_only,
         "checkpoint_tensor_count": len(tensors) if tensors is not None else None,
         "checkpoint_bytes": source.checkpoint_bytes,

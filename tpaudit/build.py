@@ -32,6 +32,7 @@ from typing import Any
 
 from .compat import ConfigReadError, ModuleFacts, QuantizationInfo, backend
 from .errors import ConfigError, PlanError, UsageError
+from .facts import ModelFacts, read_facts
 from .mapping import CheckpointMapping
 from .model import ModelSource
 
@@ -87,6 +88,8 @@ class BuiltModel:
         quantization (`QuantizationInfo`, *optional*): what it did.
         mapping (`CheckpointMapping`, *optional*): `None` for a config-only source.
         modules (`dict[str, ModuleFacts]`): concrete module name -> facts, read before any sharding.
+        facts (`ModelFacts`): what later stages read instead of the config (`facts.read_facts`): config values by
+            the vocabulary's roles, per-layer attention geometry, `modules`, the quantization layout.
         lm_head_names (`tuple[str, ...]`): parameters of the output embedding.
         original_plan (`dict[str, str]`): the base plan the model was built with.
         build_override (`dict[str, str]`, *optional*): that plan, when it is a `--plan` rather than the shipped one.
@@ -106,16 +109,12 @@ class BuiltModel:
     quantization: QuantizationInfo | None = None
     mapping: CheckpointMapping | None = None
     modules: dict[str, ModuleFacts] = field(default_factory=dict)
+    facts: ModelFacts | None = None
     lm_head_names: tuple[str, ...] = ()
     original_plan: dict[str, str] = field(default_factory=dict)
     build_override: dict[str, str] | None = None
     instance_plans: tuple[dict, dict] | None = None
     notes: tuple[str, ...] = ()
-
-    @property
-    def text_config(self):
-        """The config that owns the base model's plan (the text config of a composite model)."""
-        return self.owner_config
 
     def config_target(self, attr: str) -> str:
         """A config attribute as a finding target, dotted from the top-level config (`text_config.vocab_size`)."""
@@ -383,10 +382,14 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
     if source.tensors is not None:
         mapping = map_checkpoint(model, source.tensors, quantizer, quantized=qinfo is not None)
         notes.extend(_mapping_notes(mapping))
+    text_prefix = tf.text_prefix(model, owner)
+    facts = read_facts(tf, config, owner, modules, text_prefix)
+    notes.extend(facts.notes)
     built = BuiltModel(source=source, model=model, config=config, architecture=cls.__name__,
-                       dtype=str(dtype).removeprefix("torch."), text_prefix=tf.text_prefix(model, owner),
+                       dtype=str(dtype).removeprefix("torch."), text_prefix=text_prefix,
                        plan_owner=owner_path, owner_config=owner, quantizer=quantizer, quantization=qinfo,
-                       mapping=mapping, modules=modules, lm_head_names=lm_head, original_plan=original_plan,
+                       mapping=mapping, modules=modules, facts=facts, lm_head_names=lm_head,
+                       original_plan=original_plan,
                        build_override=dict(options.plan_override) if options.plan_override is not None else None,
                        instance_plans=tf.merged_plans(model) if options.instance_plans else None, notes=tuple(notes))
     return built

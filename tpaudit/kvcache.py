@@ -1,34 +1,33 @@
 """The KV cache a rank holds per token, layer by layer, as transformers' caches lay it out.
 
-    BuiltModel + ResolvedPlan + ShardMap -> KVLayer geometry, per-rank KV heads -> KVCacheSection
+    ModelFacts + ShardMap -> KVLayer geometry, per-rank KV heads -> KVCacheSection
 
-Per layer, from the text config: `configuration_utils.get_head_shapes` (KV heads and head_dim per layer, per-layer
-overrides included: the shapes `generate()` sizes its static cache with), `layer_types` (`full_attention`,
-`sliding_attention`, `chunked_attention`, `linear_attention`/`mamba` whose state does not grow with tokens) and the MLA
-sizes of DeepSeek-style attention, whose transformers cache stores every head's expanded key (`qk_nope_head_dim +
-qk_rope_head_dim`) and value (`v_head_dim`).
+Per layer, from the model's facts (`BuiltModel.facts`, read at build time): KV heads and head_dim per layer as
+transformers' `configuration_utils.get_head_shapes` gives them (per-layer overrides included: the shapes `generate()`
+sizes its static cache with), the layer types (`full_attention`, `sliding_attention`, `chunked_attention`,
+`linear_attention`/`mamba` whose state does not grow with tokens) and the MLA sizes of DeepSeek-style attention, whose
+transformers cache stores every head's expanded key (`qk_nope_head_dim + qk_rope_head_dim`) and value
+(`v_head_dim`). Attribute, layer-type and module names: `tpaudit.vocabulary`.
 
 Per rank, with transformers' semantics (`distributed.tensor_parallel.get_kv_heads_per_rank`): a layer whose key
 projection is split on its output (`colwise`, `packed_colwise`) holds the rows of its shard, so `kv_heads x local
 rows / rows` heads; a key projection whose output is gathered (`colwise_gather_output`) or not sharded keeps every head
-on every rank.
+on every rank. A layer whose key projection the vocabulary does not name is counted whole, and the build's notes say
+so (`facts.py`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from .compat import backend
+from . import vocabulary as V
 from .compat.logic import style_axis, style_gathers_output
+from .facts import ModelFacts, has_attention_geometry, layer_index
 from .model import KVCacheSection
 
-_NO_CACHE_TYPES = {"linear_attention", "mamba", "conv", "recurrent", "rwkv"}
-_WINDOW_TYPES = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
-# Modules whose output carries a layer's keys, by where the attention modules of transformers put them.
-K_LEAVES = ("k_proj", "key", "wk")
-V_LEAVES = ("v_proj", "value", "wv")
-KV_LEAVES = ("kv_b_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv")
+# Modules whose output carries a layer's keys: a separate key projection, else a fused one.
+K_LEAVES = V.leaves_of(V.KEY)
+KV_LEAVES = V.leaves_of(*V.KEY_CARRIERS) - K_LEAVES
 
 
 @dataclass(frozen=True)
@@ -58,48 +57,31 @@ class KVLayer:
         return self.kv_heads * (self.key_dim + self.value_dim) * itemsize
 
 
-def has_attention_geometry(text_config) -> bool:
-    """Whether the config describes decoder attention heads (encoders-only or state-space configs may not)."""
-    get = backend().config_value
-    return isinstance(get(text_config, "num_attention_heads"), int) and isinstance(
-        get(text_config, "num_hidden_layers"), int) and (
-        isinstance(get(text_config, "hidden_size"), int) or isinstance(get(text_config, "head_dim"), int))
+def kv_layers(facts: ModelFacts) -> list[KVLayer]:
+    """The cache geometry of every decoder layer (empty when the config describes no attention heads).
 
-
-def kv_layers(text_config) -> list[KVLayer]:
-    """The cache geometry of every decoder layer of `text_config` (empty when it describes no attention heads).
-
-    Source: transformers 5.23 `configuration_utils.get_head_shapes` and the config's `layer_types`.
+    Source: the model's facts (`LayerFacts`: transformers 5.23 `configuration_utils.get_head_shapes` and the config's
+    `layer_types`), the MLA and window sizes its config gives.
     """
-    tf = backend()
-    get = tf.config_value
-    if not has_attention_geometry(text_config):
+    if not has_attention_geometry(facts) or not facts.layers:
         return []
-    n_layers = int(get(text_config, "num_hidden_layers") or 0)
-    layer_types = list(get(text_config, "layer_types") or ["full_attention"] * n_layers)
-    heads, dims = tf.head_shapes(text_config)
-    heads = heads if isinstance(heads, list) else [heads] * n_layers
-    dims = dims if isinstance(dims, list) else [dims] * n_layers
-    mla = get(text_config, "kv_lora_rank") and get(text_config, "v_head_dim")
+    mla = facts.get(V.KV_LORA_RANK) and facts.get(V.MLA_V_HEAD_DIM)
     out = []
-    for i in range(n_layers):
-        layer_type = layer_types[i] if i < len(layer_types) else "full_attention"
-        if layer_type in _NO_CACHE_TYPES:
+    for layer in facts.layers:
+        i, layer_type = layer.index, layer.layer_type
+        if layer_type in V.NO_CACHE_LAYER_TYPES:
             out.append(KVLayer(i, "none", 0, 0, 0))
         elif mla:
-            q_heads = int(get(text_config, "num_attention_heads"))
-            key_dim = int((get(text_config, "qk_nope_head_dim") or 0) + (get(text_config, "qk_rope_head_dim") or 0))
-            out.append(KVLayer(i, "mla", q_heads, key_dim, int(get(text_config, "v_head_dim"))))
-        elif layer_type in _WINDOW_TYPES:
-            window = get(text_config, _WINDOW_TYPES[layer_type])
-            out.append(KVLayer(i, layer_type.split("_")[0], int(heads[i]), int(dims[i]), int(dims[i]),
-                               int(window) if window else None))
+            q_heads = int(facts.get(V.ATTENTION_HEADS))
+            key_dim = int((facts.get(V.MLA_NOPE_HEAD_DIM) or 0) + (facts.get(V.MLA_ROPE_HEAD_DIM) or 0))
+            out.append(KVLayer(i, "mla", q_heads, key_dim, int(facts.get(V.MLA_V_HEAD_DIM))))
+        elif layer_type in V.WINDOW_LAYER_TYPES:
+            window = facts.get(V.WINDOW_LAYER_TYPES[layer_type])
+            out.append(KVLayer(i, layer_type.split("_")[0], int(layer.kv_heads), int(layer.head_dim),
+                               int(layer.head_dim), int(window) if window else None))
         else:
-            out.append(KVLayer(i, "full", int(heads[i]), int(dims[i]), int(dims[i])))
+            out.append(KVLayer(i, "full", int(layer.kv_heads), int(layer.head_dim), int(layer.head_dim)))
     return out
-
-
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -113,6 +95,7 @@ class KeyProjection:
         rows (`int`): output rows of the whole weight.
         local_rows (`tuple[int, ...]`): rows each rank holds.
         gathered (`bool`): the style gathers the output back to whole (every rank computes with every head).
+        separate (`bool`): a key projection of its own (`k_proj`), not a fused one.
     """
 
     layer: int
@@ -121,6 +104,7 @@ class KeyProjection:
     rows: int
     local_rows: tuple[int, ...]
     gathered: bool
+    separate: bool = True
 
     def share(self, rank: int) -> float:
         """The fraction of the layer's KV heads rank `rank` holds."""
@@ -131,24 +115,27 @@ class KeyProjection:
 
 def key_projections(shard_map, text_prefix: str) -> dict[int, KeyProjection]:
     """Layer -> the projection whose output holds its keys (`k_proj`, or a fused `qkv_proj`/`query_key_value`/
-    `kv_b_proj`), with its style and per-rank rows."""
+    `kv_b_proj`/`kv_proj`: `vocabulary.KEY_CARRIERS`), with its style and per-rank rows. A separate key projection wins
+    over a fused one; of two fused ones, the one nearer the layer (DeepSeek-V4's `self_attn.kv_proj` over its
+    compressor's `self_attn.compressor.kv_proj`)."""
     out: dict[int, KeyProjection] = {}
-    prefix = text_prefix + "." if text_prefix else ""
     for p in shard_map.params:
-        if not p.name.startswith(prefix) or not p.name.endswith(".weight") or p.ndim < 2:
-            continue
-        m = _LAYER.search(p.name[len(prefix) - 1:] if prefix else "." + p.name)
-        if not m:
+        if not p.name.endswith(".weight") or p.ndim < 2:
             continue
         leaf = p.name.rsplit(".", 2)[-2]
         if leaf not in K_LEAVES and leaf not in KV_LEAVES:
             continue
-        layer = int(m.group(1))
-        if layer in out and leaf not in K_LEAVES:
-            continue  # a separate k_proj wins over a fused name in the same layer
+        layer = layer_index(p.name, text_prefix)
+        if layer is None:
+            continue
+        current = out.get(layer)
+        if current is not None and leaf not in K_LEAVES and (
+                current.separate or current.name.count(".") <= p.generic_name.count(".")):
+            continue  # a separate k_proj wins over a fused name in the same layer; of fused ones, the nearer
         dim = p.shard_dim if p.shard_dim is not None else p.ndim - 2
         out[layer] = KeyProjection(layer, p.generic_name, p.style, p.global_shape[dim],
-                                   tuple(s[dim] for s in p.local_shapes), style_gathers_output(p.style))
+                                   tuple(s[dim] for s in p.local_shapes), style_gathers_output(p.style),
+                                   leaf in K_LEAVES)
     return out
 
 
@@ -205,9 +192,9 @@ def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -
     return out
 
 
-def kv_section(text_config, shard_map, text_prefix: str, dtype: str, itemsize: int) -> KVCacheSection | None:
+def kv_section(facts: ModelFacts, shard_map, text_prefix: str, dtype: str, itemsize: int) -> KVCacheSection | None:
     """The report's `kv_cache` section; `None` when the config describes no decoder attention heads."""
-    layers = kv_layers(text_config)
+    layers = kv_layers(facts)
     if not layers:
         return None
     ranks = rank_kv(layers, shard_map, text_prefix, itemsize)
@@ -228,7 +215,7 @@ def kv_section(text_config, shard_map, text_prefix: str, dtype: str, itemsize: i
         windows=windows,
         window_bytes_per_token_by_window={str(w): [rk.by_window.get(w, 0) for rk in ranks] for w in windows},
         bytes_per_token_whole_model=sum(layer.bytes_per_token(itemsize) for layer in layers),
-        linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(text_config, itemsize))
+        linear_state_bytes_per_sequence=linear_state_bytes_per_sequence(facts, itemsize))
 
 
 def _compact(values: list[float]):
@@ -238,20 +225,19 @@ def _compact(values: list[float]):
     return ints[0] if len(ints) == 1 else ints
 
 
-def linear_state_bytes_per_sequence(text_config, itemsize: int) -> int:
+def linear_state_bytes_per_sequence(facts: ModelFacts, itemsize: int) -> int:
     """Fixed-size state of the linear-attention layers (Gated DeltaNet) per sequence, whole model.
 
     Per layer: the convolution state `conv_dim x conv_kernel` in the cache dtype, `conv_dim = 2 * key_dim + value_dim`,
     and the recurrent state `num_v_heads x head_k_dim x head_v_dim` in float32, as transformers' Gated DeltaNet layers
     (qwen3_next, qwen3_5) keep them in `LinearAttentionCacheLayerMixin`. 0 for models without such layers.
     """
-    get = backend().config_value
-    n = sum(1 for t in (get(text_config, "layer_types") or []) if t == "linear_attention")
-    kernel = get(text_config, "linear_conv_kernel_dim")
+    n = sum(1 for t in (facts.get(V.LAYER_TYPES) or []) if t == "linear_attention")
+    kernel = facts.get(V.LINEAR_CONV_KERNEL)
     if not n or not kernel:
         return 0
-    k_heads, v_heads = get(text_config, "linear_num_key_heads"), get(text_config, "linear_num_value_heads")
-    k_dim, v_dim = get(text_config, "linear_key_head_dim"), get(text_config, "linear_value_head_dim")
+    k_heads, v_heads = facts.get(V.LINEAR_KEY_HEADS), facts.get(V.LINEAR_VALUE_HEADS)
+    k_dim, v_dim = facts.get(V.LINEAR_KEY_HEAD_DIM), facts.get(V.LINEAR_VALUE_HEAD_DIM)
     if not all(isinstance(x, int) for x in (k_heads, v_heads, k_dim, v_dim)):
         return 0
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 
+from . import vocabulary as V
 from .compat import backend
 from .errors import ConfigError
 
@@ -38,24 +39,33 @@ MAX_WIDTH = 2**24
 MAX_COUNT = 2**20
 """Most heads or experts accepted (1,048,576): real models have up to a few hundred of either."""
 
-# role -> attribute names. `True`: the attribute must be positive when set; `False`: 0 is allowed (an optional part
-# switched off, e.g. no shared expert).
-WIDTHS: dict[str, bool] = {
-    "hidden_size": True, "intermediate_size": True, "vocab_size": True, "head_dim": True,
-    "moe_intermediate_size": True, "shared_expert_intermediate_size": False,
-    "moe_shared_expert_intermediate_size": False, "kv_lora_rank": False, "q_lora_rank": False,
-    "qk_rope_head_dim": False, "qk_nope_head_dim": False, "v_head_dim": False, "linear_key_head_dim": False,
-    "linear_value_head_dim": False,
-}
-COUNTS: dict[str, bool] = {
-    "num_attention_heads": True, "num_key_value_heads": True, "num_hidden_layers": True,
-    "num_experts": False, "num_local_experts": False, "n_routed_experts": False, "n_shared_experts": False,
-    "num_experts_per_tok": False, "first_k_dense_replace": False, "num_global_key_value_heads": False,
-    "linear_num_key_heads": False, "linear_num_value_heads": False, "n_group": False, "topk_group": False,
-}
-PER_LAYER = ("intermediate_size", "moe_intermediate_size", "num_key_value_heads", "head_dim", "num_attention_heads")
+# The attribute names come from the one vocabulary table (`vocabulary.py`), by role. The canonical spelling of the
+# roles every model has must be positive when set; every other spelling (and the optional roles: shared experts, MLA
+# ranks, ...) may be 0, a part switched off.
+_REQUIRED = (V.HIDDEN, V.INTERMEDIATE, V.VOCAB, V.HEAD_DIM, V.EXPERT_INTERMEDIATE, V.ATTENTION_HEADS, V.KV_HEADS,
+             V.LAYERS)
+_WIDTH_ROLES = (V.HIDDEN, V.INTERMEDIATE, V.VOCAB, V.HEAD_DIM, V.EXPERT_INTERMEDIATE, V.SHARED_EXPERT_INTERMEDIATE,
+                V.Q_LORA_RANK, V.KV_LORA_RANK, V.MLA_ROPE_HEAD_DIM, V.MLA_NOPE_HEAD_DIM, V.MLA_V_HEAD_DIM,
+                V.LINEAR_KEY_HEAD_DIM, V.LINEAR_VALUE_HEAD_DIM)
+_COUNT_ROLES = (V.ATTENTION_HEADS, V.KV_HEADS, V.LAYERS, V.EXPERTS, V.SHARED_EXPERTS, V.EXPERTS_TOP_K,
+                V.FIRST_DENSE_LAYERS, V.LINEAR_KEY_HEADS, V.LINEAR_VALUE_HEADS, V.EXPERT_GROUPS,
+                V.EXPERT_GROUPS_PICKED)
+
+
+def _table(roles) -> dict[str, bool]:
+    """attribute name -> must be positive (`True`) or may be 0 (`False`), for every spelling of `roles`."""
+    required = {role.canonical for role in _REQUIRED}
+    return {attr: attr in required for role in roles for attr in role.attrs}
+
+
+WIDTHS: dict[str, bool] = _table(_WIDTH_ROLES)
+"""Widths (hidden, intermediate, vocab, head dims, MLA ranks, ...) -> whether they must be positive."""
+COUNTS: dict[str, bool] = _table(_COUNT_ROLES)
+"""Counts (heads, layers, experts, top-k, groups) -> whether they must be positive."""
+PER_LAYER = V.attrs_of(V.INTERMEDIATE, V.EXPERT_INTERMEDIATE, V.KV_HEADS, V.HEAD_DIM, V.ATTENTION_HEADS)
 """Attributes a config may give as one value per layer (a list)."""
-EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_COUNTS = V.EXPERTS.attrs
+TOP_K = V.EXPERTS_TOP_K.attrs
 PLANS = ("base_model_tp_plan", "base_model_ep_plan")
 _EPSILON = re.compile(r"(^|_)(eps|epsilon)$")
 
@@ -127,13 +137,14 @@ def _check_one(cfg, prefix: str, where: str, path: str | None) -> None:
     if _is_int(heads) and _is_int(kv) and kv > heads:
         refuse("num_key_value_heads", kv, f"exceeds {name('num_attention_heads')} = {heads}: each KV head serves a "
                                           "group of attention heads")
-    top_k = value_of("num_experts_per_tok")
+    top_attr = next((a for a in TOP_K if _is_int(value_of(a))), None)
+    top_k = value_of(top_attr) if top_attr else None
     if _is_int(top_k) and top_k > 0:
         for attr in EXPERT_COUNTS:
             experts = value_of(attr)
             if _is_int(experts) and top_k > experts:
-                refuse("num_experts_per_tok", top_k, f"exceeds {name(attr)} = {experts}: a token cannot be routed "
-                                                     "to more experts than there are")
+                refuse(top_attr, top_k, f"exceeds {name(attr)} = {experts}: a token cannot be routed to more "
+                                        "experts than there are")
     groups, top_groups = value_of("n_group"), value_of("topk_group")
     if _is_int(groups) and _is_int(top_groups) and top_groups > groups > 0:
         refuse("topk_group", top_groups, f"exceeds {name('n_group')} = {groups}: a token cannot pick more expert "

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import vocabulary as V
 from .errors import UsageError
 from .model import ModelSource
 from .training import (ACTIVATIONS_NOTE, OPTIMIZER_NOTES, PER_RANK_NOTE, RankTraining, TrainingSetup,
@@ -393,18 +394,17 @@ def max_context_for_rank(kv: dict, rank: int, batch: int, scale: float, budget: 
     return lo
 
 
-_TEXT_CONFIG_KEYS = ("text_config", "decoder", "generator", "llm_config", "language_config")
-
-
 def max_position_embeddings(config: dict) -> int | None:
     """The text model's `max_position_embeddings` from a `config.json` dict: the first text sub-config that has it
-    (`text_config`, `decoder`, `generator`, `llm_config`, `language_config`, as transformers'
-    `PretrainedConfig.get_text_config` looks for them), else the top level; `None` when neither says."""
-    for key in _TEXT_CONFIG_KEYS:
+    (`vocabulary.TEXT_SUBCONFIGS`: `text_config`, `decoder`, `generator`, `llm_config`, `language_config`, as
+    transformers' `PretrainedConfig.get_text_config` looks for them), else the top level; `None` when neither says.
+    Read from the file, not the built config, whose class may default a value `config.json` does not give."""
+    name = V.MAX_POSITIONS.canonical
+    for key in V.TEXT_SUBCONFIGS:
         sub = config.get(key)
-        if isinstance(sub, dict) and isinstance(sub.get("max_position_embeddings"), int):
-            return sub["max_position_embeddings"]
-    value = config.get("max_position_embeddings")
+        if isinstance(sub, dict) and isinstance(sub.get(name), int):
+            return sub[name]
+    value = config.get(name)
     return value if isinstance(value, int) and value > 0 else None
 
 

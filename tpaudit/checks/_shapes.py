@@ -1,20 +1,22 @@
-"""Shared reading of the shard map for the dimension, layout and quantization checks: the role of a projection, the
-logical axis a style splits, each rank's logical shard size, and the checkpoint's quantization scheme."""
+"""Shared reading of the shard map for the dimension, layout and quantization checks: the role of a projection (by
+the leaf names of `tpaudit.vocabulary`), the logical axis a style splits, each rank's logical shard size, and the
+quantized linear maps (the checkpoint's scheme is a fact of the build: `ctx.facts.quant`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterator
 
+from .. import vocabulary as V
 from ..compat.logic import linear_styles, style_axis
 from ..model import ParamShard
 
-Q_LEAVES = {"q_proj", "q_b_proj", "query", "wq", "kv_b_proj"}          # split per attention head (query side)
-KV_LEAVES = {"k_proj", "v_proj", "key", "value", "wk", "wv"}
-FUSED_QKV_LEAVES = {"qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv"}
-O_LEAVES = {"o_proj", "wo"}
-ATTENTION_PARENTS = {"self_attn", "attn", "attention", "cross_attn"}
-FUSED_GATE_UP = {"gate_up_proj", "w13", "gate_up", "fc1_gate_up"}
+# Leaf names by the role of the projection (the table: `tpaudit.vocabulary`).
+Q_LEAVES = V.leaves_of(V.QUERY, V.MLA_KV_UP)        # split per attention head (query side; MLA's kv_b_proj too)
+KV_LEAVES = V.leaves_of(V.KEY, V.VALUE, V.FUSED_KV)  # split per KV head (TPA102)
+FUSED_QKV_LEAVES = V.leaves_of(V.FUSED_QKV)
+O_LEAVES = V.leaves_of(V.OUTPUT)
+FUSED_GATE_UP = V.leaves_of(V.FUSED_GATE_UP)
 
 # Styles by the logical axis of a linear layer they split: a pinned copy of transformers' placements.
 OUT_STYLES = {s for s in linear_styles() if style_axis(s) == "out"}
@@ -50,72 +52,9 @@ def role(p: ParamShard) -> str | None:
         return "kv"
     if leaf in FUSED_QKV_LEAVES:
         return "qkv"
-    if leaf in O_LEAVES or (leaf in ("dense", "out_proj") and parent_module(p) in ATTENTION_PARENTS):
+    if leaf in O_LEAVES or (leaf in V.GENERIC_OUTPUT and parent_module(p) in V.ATTENTION_BLOCK):
         return "o"
     return None
-
-
-@dataclass(frozen=True)
-class QuantScheme:
-    """How a pre-quantized checkpoint lays out its weights (from `quantization_config`).
-
-    Attributes:
-        method (`str`): `fp8`, `awq`, `gptq`, `compressed-tensors`, ...
-        bits (`int`, *optional*): weight bits for integer formats.
-        group_size (`int`, *optional*): scales per `group_size` input features.
-        block (`tuple[int, int]`, *optional*): `(out, in)` block of a block-scaled format (FP8 128 x 128).
-        packed_axis (`"in" | "out"`, *optional*): the logical axis whose values are packed into int32 words.
-        pack_factor (`int`, *optional*): values per int32 word (`32 // bits`).
-    """
-
-    method: str
-    bits: int | None = None
-    group_size: int | None = None
-    block: tuple[int, int] | None = None
-    packed_axis: str | None = None
-    pack_factor: int | None = None
-
-    @property
-    def bits_divide_word(self) -> bool:
-        return self.bits is None or 32 % self.bits == 0
-
-
-def quant_scheme(config) -> QuantScheme | None:
-    """Read `quantization_config` (top-level or the text config's). `None` when not quantized."""
-    qc = getattr(config, "quantization_config", None)
-    if qc is None and hasattr(config, "get_text_config"):
-        qc = getattr(config.get_text_config(decoder=True), "quantization_config", None)
-    if qc is None:
-        return None
-    qc = qc if isinstance(qc, dict) else qc.to_dict()
-    method = str(qc.get("quant_method", ""))
-    if method == "fp8":
-        block = qc.get("weight_block_size")
-        return QuantScheme(method, bits=8, block=tuple(block) if block else None)
-    if method == "awq":
-        bits = int(qc.get("bits") or qc.get("w_bit") or 4)
-        group = qc.get("group_size") or qc.get("q_group_size")
-        return QuantScheme(method, bits=bits, group_size=int(group) if group and int(group) > 0 else None,
-                           packed_axis="out", pack_factor=32 // bits if 32 % bits == 0 else None)
-    if method == "gptq":
-        bits = int(qc.get("bits") or 4)
-        group = qc.get("group_size")
-        return QuantScheme(method, bits=bits, group_size=int(group) if group and int(group) > 0 else None,
-                           packed_axis="in", pack_factor=32 // bits if 32 % bits == 0 else None)
-    if method == "compressed-tensors":
-        groups = qc.get("config_groups") or {}
-        weights = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)
-        if not weights:
-            return QuantScheme(method)
-        bits = int(weights.get("num_bits") or 8)
-        strategy = weights.get("strategy")
-        group = weights.get("group_size") if strategy == "group" else None
-        block = weights.get("block_structure") if strategy == "block" else None
-        packed = qc.get("format") == "pack-quantized" and weights.get("type", "int") == "int"
-        return QuantScheme(method, bits=bits, group_size=int(group) if group else None,
-                           block=tuple(block) if block else None, packed_axis="in" if packed else None,
-                           pack_factor=(32 // bits if 32 % bits == 0 else None) if packed else None)
-    return QuantScheme(method)
 
 
 from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES  # noqa: E402

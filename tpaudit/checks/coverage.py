@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import difflib
-import re
 from collections import defaultdict
 from typing import Iterable
 
+from .. import vocabulary as V
 from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
 from ..model import Finding, FindingSubject, ParamGroup, why_unsharded
 from .registry import CheckContext, rule
 
-_ROUTER_LEAF = re.compile(r"(^|_)(gate|router)$")
-_ROUTER_TYPE = re.compile(r"Router|TopK|Topk|MoeGate|MoEGate")
 HINTS = 50
-_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
 def kept_whole_by_design(ctx: CheckContext, g: ParamGroup) -> str | None:
     """Why serving engines and transformers keep this weight whole on purpose, or `None` for a weight the plan
     exists for. One policy for every architecture:
 
-    - **router/gate**: the module's output is the expert count (`num_experts`, `num_local_experts`,
-      `n_routed_experts`) or a single score (`shared_expert_gate`), or its module is a router class;
+    - **router/gate**: the module's output is the expert count (any spelling of `vocabulary.EXPERTS`:
+      `num_experts`, `num_local_experts`, `n_routed_experts`, ...) or a single score (`shared_expert_gate`), or its
+      module is a router class;
     - **MLA down-projection**: the module's output is the low rank of DeepSeek-style attention (`q_lora_rank`, or
       `kv_lora_rank + qk_rope_head_dim` for `kv_a_proj_with_mqa`): small, and followed by a norm over the whole rank;
     - **convolution**: a `Conv1d/2d/3d` kernel.
@@ -30,21 +28,19 @@ def kept_whole_by_design(ctx: CheckContext, g: ParamGroup) -> str | None:
     The sizes come from the config, not the parameter's name; the router module's name is a fallback for routers
     whose expert count the config names differently.
     """
-    from ..configs import value
-
     p = g.first
     facts = ctx.module_of(p.name)
     out_features = facts.out_features if facts is not None else (p.global_shape[-2] if p.ndim >= 2 else None)
-    cfg = ctx.text_config
-    experts = {value(cfg, n) for n in _EXPERT_COUNTS} - {None}
+    experts = {ctx.facts.value(n) for n in V.EXPERTS.attrs} - {None}
     if p.module_type.startswith("Conv") or any(f"Conv{d}d" in p.module_type for d in (1, 2, 3)):
         return "convolution"
     if experts and (out_features in experts or (out_features == 1 and p.ndim == 2)):
         return "router/gate"
     module_leaf = p.name.rsplit(".", 2)[-2] if p.name.count(".") >= 1 else ""
-    if _ROUTER_LEAF.search(module_leaf) or _ROUTER_TYPE.search(p.module_type):
+    if V.ROUTER_LEAF.search(module_leaf) or V.ROUTER_TYPE.search(p.module_type):
         return "router/gate"
-    q_rank, kv_rank, rope = value(cfg, "q_lora_rank"), value(cfg, "kv_lora_rank"), value(cfg, "qk_rope_head_dim")
+    q_rank, kv_rank = ctx.facts.get(V.Q_LORA_RANK), ctx.facts.get(V.KV_LORA_RANK)
+    rope = ctx.facts.get(V.MLA_ROPE_HEAD_DIM)
     ranks = {q_rank, kv_rank, (kv_rank + rope) if isinstance(kv_rank, int) and isinstance(rope, int) else None}
     if isinstance(kv_rank, int) and out_features in ranks - {None}:
         return "MLA low-rank down-projection"
@@ -229,7 +225,7 @@ def _hint_candidates(ctx: CheckContext, generic_name) -> dict[str, str]:
         g = generic_name(name)
         if g in out:
             continue
-        if _ROUTER_TYPE.search(facts.type) or _ROUTER_LEAF.search(name.rpartition(".")[2]):
+        if V.ROUTER_TYPE.search(facts.type) or V.ROUTER_LEAF.search(name.rpartition(".")[2]):
             out[g] = "router"
         elif "Expert" in facts.type:
             out[g] = "experts"

@@ -9,36 +9,33 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from ..configs import attribute_for, value, values
+from .. import vocabulary as V
 from ..model import Finding, ParamGroup
 from ._shapes import chunk, is_quant_companion, leaf_module, role
 from .registry import CheckContext, rule
 
-# Config attributes that size a split dimension, in the order a name is preferred when several match.
-_SIZE_ATTRS = ("moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size", "vocab_size",
-               "hidden_size", "num_experts", "num_local_experts", "n_routed_experts", "linear_num_value_heads",
-               "linear_num_key_heads")
 
-
-def _attr_for(ctx: CheckContext, size: int, hint: str | None = None) -> str | None:
-    names = ([hint] if hint else []) + list(_SIZE_ATTRS)
-    for name in names:
-        if value(ctx.text_config, name) == size:
+def _attr_for(ctx: CheckContext, size: int, hint: V.ConfigRole | None = None) -> str | None:
+    """The config attribute whose value is `size`: a spelling of the role the parameter's place suggests first,
+    then of every role that sizes a split dimension (`vocabulary.SPLIT_SIZES`, in its order)."""
+    for name in V.attrs_of(*([hint] if hint else []), *V.SPLIT_SIZES):
+        if ctx.facts.value(name) == size:
             return name
     return None
 
 
-def _hint(g: ParamGroup) -> str | None:
-    """The config attribute a parameter's split dimension usually comes from, by its place in the model."""
+def _hint(g: ParamGroup) -> V.ConfigRole | None:
+    """The role of the config attribute a parameter's split dimension usually comes from, by its place in the
+    model."""
     name = g.generic_name
-    if ".shared_expert" in name:
-        return "shared_expert_intermediate_size"
-    if ".experts." in name:
-        return "moe_intermediate_size"
-    if leaf_module(g.first) in ("embed_tokens", "lm_head", "wte", "word_embeddings"):
-        return "vocab_size"
-    if ".mlp." in name or ".feed_forward." in name:
-        return "intermediate_size"
+    if V.SHARED_EXPERT_PATH in name:
+        return V.SHARED_EXPERT_INTERMEDIATE
+    if V.EXPERTS_PATH in name:
+        return V.EXPERT_INTERMEDIATE
+    if leaf_module(g.first) in V.EMBEDDING:
+        return V.VOCAB
+    if any(mark in name for mark in V.MLP_PATHS):
+        return V.INTERMEDIATE
     return None
 
 
@@ -87,8 +84,10 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
     tp = ctx.shard_map.tp_size
     if tp <= 1:
         return
-    cfg = ctx.text_config
-    heads_values = [h for h in values(cfg, "num_attention_heads") if isinstance(h, int)]
+    heads_attr, heads_values = ctx.facts.role_values(V.ATTENTION_HEADS)
+    heads_values = [h for h in heads_values if isinstance(h, int)]
+    # name the spelling config.json uses (CodeGen's `n_head`), the file a user edits
+    heads_attr = next((a for a in V.ATTENTION_HEADS.attrs if a in _raw_section(ctx)), heads_attr)
     bad_heads = [h for h in heads_values if h % tp]
     by_target: dict[str, dict] = {}
     for g in sharded_groups(ctx):
@@ -102,7 +101,7 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
             if style_gathers_output(p.style):
                 continue  # the output is gathered: every rank computes with every head
             if bad_heads:
-                entry = by_target.setdefault(ctx.config_target("num_attention_heads"),
+                entry = by_target.setdefault(ctx.config_target(heads_attr),
                                              {"value": bad_heads[0], "params": set(), "sizes": None})
                 entry["params"].add(g.generic_name)
             continue
@@ -171,7 +170,7 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
     tp = ctx.shard_map.tp_size
     if tp <= 1:
         return
-    layers = kv_layers(ctx.text_config)
+    layers = kv_layers(ctx.facts)
     keys = key_projections(ctx.shard_map, ctx.text_prefix)
     bad: dict[int, list[int]] = defaultdict(list)
     shares: dict[int, list[float]] = {}
@@ -185,10 +184,8 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
         if layer.kv_heads % tp:
             bad[layer.kv_heads].append(layer.index)
             shares.setdefault(layer.kv_heads, [layer.kv_heads * x for x in local])
-    cfg = ctx.text_config
     for heads, indices in sorted(bad.items()):
-        raw = ctx.source.config.get(ctx.plan_owner) if ctx.plan_owner else ctx.source.config
-        attr, attr_value = attribute_for(cfg, "key_value_heads", heads, "num_key_value_heads", raw)
+        attr, attr_value = ctx.facts.attribute_for(V.KV_HEADS, heads, _raw_section(ctx), V.ATTENTION_HEADS)
         target = ctx.config_target(attr)
         exact = shares[heads]
         text = " / ".join(f"{h:.5g}" for h in exact) if len(exact) <= 8 else f"{max(exact):.5g} .. {min(exact):.5g}"
@@ -204,6 +201,12 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
             facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": heads / tp, "heads_by_rank": exact,
                    "layers": indices, "attribute": attr, "attribute_value": attr_value,
                    "transformers_kv_heads_per_rank": tf_answer})
+
+
+def _raw_section(ctx: CheckContext) -> dict:
+    """The `config.json` section of the config that owns the plan (`text_config` of a composite model)."""
+    raw = ctx.source.config.get(ctx.plan_owner) if ctx.plan_owner else ctx.source.config
+    return raw if isinstance(raw, dict) else {}
 
 
 def _layers_text(indices: list[int]) -> str:

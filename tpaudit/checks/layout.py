@@ -7,7 +7,8 @@ import dataclasses
 from typing import Iterable
 
 from ..model import Finding, ParityResult, SplitOutput
-from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_logical, quant_scheme, quant_units
+from .. import vocabulary as V
+from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_logical, quant_units
 from .registry import CheckContext, rule
 
 
@@ -57,7 +58,7 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
 
 def _quant_packing(ctx: CheckContext) -> Iterable[Finding]:
     tp = ctx.shard_map.tp_size
-    scheme = quant_scheme(ctx.config)
+    scheme = ctx.facts.quant
     if scheme is None or not scheme.packed_axis:
         return
     for unit in quant_units(ctx):
@@ -237,18 +238,17 @@ def _explained_by_head_counts(ctx: CheckContext, blamed: str | None) -> bool:
     """The divergence is a head split that TPA101/TPA102 already report from the config: the blamed module is a key
     projection of a layer whose KV heads `tp_size` does not divide, or a query/output projection while the attention
     heads do not divide. One problem, one finding."""
-    from ..configs import values
     from ..kvcache import key_projections, kv_layers
     from ._shapes import role
 
     blamed = blamed or ""
     tp = ctx.shard_map.tp_size
-    kv = {layer.index: layer.kv_heads for layer in kv_layers(ctx.text_config)}
+    kv = {layer.index: layer.kv_heads for layer in kv_layers(ctx.facts)}
     for index, key in key_projections(ctx.shard_map, ctx.text_prefix).items():
         if blamed in (key.name, key.name.rpartition(".")[0]) and kv.get(index, 0) % tp:
             return True
     group = next((g for g in ctx.shard_map.groups if g.generic_name.rpartition(".")[0] == blamed), None)
-    heads = [h for h in values(ctx.text_config, "num_attention_heads") if isinstance(h, int)]
+    heads = [h for h in ctx.facts.role_values(V.ATTENTION_HEADS)[1] if isinstance(h, int)]
     return group is not None and role(group.first) in ("q", "o", "qkv") and any(h % tp for h in heads)
 
 

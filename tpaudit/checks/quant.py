@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..model import Finding, FindingSubject
-from ._shapes import OUT_STYLES, chunk, local_logical, quant_scheme, quant_units
+from ._shapes import OUT_STYLES, chunk, local_logical, quant_units
 from .registry import CheckContext, rule
 
 
@@ -48,7 +48,7 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
     world = ctx.shard_map.world_size
     if world <= 1:
         return
-    scheme = quant_scheme(ctx.config)
+    scheme = ctx.facts.quant
     seen = {}
     for unit in quant_units(ctx):
         for p in unit.members:
@@ -316,7 +316,7 @@ def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
     tp = ctx.shard_map.tp_size
     if tp <= 1:
         return
-    scheme = quant_scheme(ctx.config)
+    scheme = ctx.facts.quant
     if scheme is None:
         return
     for unit in quant_units(ctx):

@@ -37,7 +37,7 @@ def check_unknown_quant_method(ctx: CheckContext) -> Iterable[Finding]:
     q = ctx.quantization
     if q is None or q.known:
         return
-    top = getattr(ctx.config, "quantization_config", None) is not None
+    top = isinstance(ctx.source.config, dict) and ctx.source.config.get("quantization_config") is not None
     target = "quantization_config.quant_method" if top else ctx.config_target("quantization_config.quant_method")
     from ..compat import installed_version
 

@@ -179,7 +179,8 @@ class CheckContext:
     """What the checks read: the built model's facts, the resolved plan, the shard map and the parity evidence.
 
     Attributes:
-        built (`BuiltModel`): the meta model's facts (config, text prefix, modules, mapping, quantization).
+        built (`BuiltModel`): the meta model and its facts (`built.facts`, text prefix, modules, mapping,
+            quantization).
         plan (`ResolvedPlan`), shard_map (`ShardMap`).
         options (`CheckOptions`).
         parity (`ParityResult`, *optional*): the sharded forward's verdict, when it ran.
@@ -198,10 +199,6 @@ class CheckContext:
     @property
     def source(self):
         return self.built.source
-
-    @property
-    def config(self):
-        return self.built.config
 
     @property
     def architecture(self) -> str:
@@ -232,9 +229,10 @@ class CheckContext:
         return self.built.modules
 
     @property
-    def text_config(self):
-        """The config that owns the base model's plan (the text config of a composite model)."""
-        return self.built.owner_config
+    def facts(self):
+        """The model's facts (`facts.ModelFacts`): config values by the vocabulary's roles, per-layer geometry,
+        modules, the quantization layout. Checks read these, never a live transformers config."""
+        return self.built.facts
 
     @property
     def owner_class(self) -> str:
@@ -265,9 +263,13 @@ class CheckContext:
         return not self.text_prefix or name.startswith(self.text_prefix + ".")
 
     def in_decoder_layers(self, p: ParamShard) -> bool:
-        """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`)."""
+        """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`, or another name of
+        `vocabulary.DECODER_LAYERS`)."""
+        from ..vocabulary import DECODER_LAYERS
+
         prefix = self.text_prefix + "." if self.text_prefix else ""
-        return p.name.startswith(prefix) and ".layers." in "." + p.name[len(prefix):]
+        rest = "." + p.name[len(prefix):]
+        return p.name.startswith(prefix) and any(f".{leaf}." in rest for leaf in DECODER_LAYERS.leaves)
 
 
 def run_checks(ctx: CheckContext) -> list[Finding]:

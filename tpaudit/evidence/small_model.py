@@ -4,7 +4,8 @@ split `tp_size` makes keeps its structure, one decoder layer of each kind in the
 Random weights from a fixed seed, float32, CPU, eager attention and eager experts, written with `save_pretrained` to
 a temporary directory in the layout the real checkpoint stores (the loader slices what the checkpoint stores:
 per-expert `gate_proj` / `up_proj` tensors split by a plain `colwise` still give each rank its share of both once
-fused, a stored fused `gate_up_proj` is cut in the middle). Config attribute names come from `vocabulary`.
+fused, a stored fused `gate_up_proj` is cut in the middle). Config attribute names come from `tpaudit.vocabulary`,
+the one table of them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from ..compat import parity as seam
 from ..compat.logic import generic_name
 from ..errors import ConfigError, UsageError
-from . import vocabulary as V
+from .. import vocabulary as V
 
 # The kernels on both sides: float32 eager attention, and the eager expert loop for tensor parallelism (the
 # grouped-matmul experts need 16-byte-aligned strides that small or uneven CPU shards do not have). Expert parallelism
@@ -102,7 +103,7 @@ def _rotary_fractions(d: dict) -> list[float]:
     """Every rotary fraction (`partial_rotary_factor`, `rotary_pct`) in a config dict, nested RoPE dicts included."""
     out = []
     for k, v in d.items():
-        if k in V.ROTARY_FRACTION_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if k in V.ROTARY_FRACTION.attrs and isinstance(v, (int, float)) and not isinstance(v, bool):
             out.append(float(v))
         elif isinstance(v, dict) and (V.ROPE_MARK in k or any(isinstance(x, dict) for x in v.values())):
             out.extend(_rotary_fractions(v))
@@ -152,7 +153,7 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
       and 256 of them cost DeepSeek-V3's check seconds for no more evidence than 16 give.
 
     The layer count is not changed here (`build_small_model` keeps one layer of each kind). Attribute names:
-    `tpaudit.evidence.vocabulary`.
+    `tpaudit.vocabulary`.
 
     Args:
         config_dict (`dict`): `PretrainedConfig.to_dict()` of the (text) config.
@@ -170,12 +171,14 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
             shrunk[label] = [target[key], value]
             target[key] = value
 
-    heads_key, kv_key, hidden_key = key_of(d, V.HEAD_KEYS), key_of(d, V.KV_HEAD_KEYS), key_of(d, V.HIDDEN_KEYS)
+    heads_key, kv_key = key_of(d, V.ATTENTION_HEADS.attrs), key_of(d, V.KV_HEADS.attrs)
+    hidden_key = key_of(d, V.HIDDEN.attrs)
     heads = d.get(heads_key) if heads_key else None
     kv_heads = d.get(kv_key) if kv_key else None
     hidden = d.get(hidden_key) if hidden_key else None
     fractions = _rotary_fractions(d)
-    rotary_dim = d.get(V.ROTARY_DIM_KEY) if isinstance(d.get(V.ROTARY_DIM_KEY), int) else None
+    rotary_dim_key = V.ROTARY_DIM.canonical
+    rotary_dim = d.get(rotary_dim_key) if isinstance(d.get(rotary_dim_key), int) else None
     keep_heads = _rope_has_lists(d)
     head_dim = V.HEAD_DIM_SUFFIX
 
@@ -189,8 +192,9 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
 
     # Every per-head width of the config (top level, and per-layer overrides such as Gemma 4's global layers), each
     # distinct real value to a distinct small one in the same order, so layers with wider heads keep wider heads.
-    per_layer = d.get(V.PER_LAYER_KEY) if isinstance(d.get(V.PER_LAYER_KEY), dict) else {}
-    head_keys = [k for k in d if k.endswith(head_dim) and k != V.DERIVED_HEAD_DIM_KEY and isinstance(d[k], int)]
+    per_layer_key, derived_key = V.PER_LAYER_CONFIG.canonical, V.MLA_QK_HEAD_DIM.canonical
+    per_layer = d.get(per_layer_key) if isinstance(d.get(per_layer_key), dict) else {}
+    head_keys = [k for k in d if k.endswith(head_dim) and k != derived_key and isinstance(d[k], int)]
     rope_keys = {head_dim, "global_" + head_dim} if keep_heads else set()
     reals = sorted({d[k] for k in head_keys if k not in rope_keys}
                    | {o[head_dim] for o in per_layer.values() if isinstance(o, dict)
@@ -206,10 +210,10 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
             put(d, key, small_of[d[key]], key)
     for layer, override in per_layer.items():
         if isinstance(override, dict) and isinstance(override.get(head_dim), int) and not keep_heads:
-            put(override, head_dim, small_of[override[head_dim]], f"{V.PER_LAYER_KEY}.{layer}.{head_dim}")
-    nope, rope = V.MLA_QK_KEYS
-    if isinstance(d.get(V.DERIVED_HEAD_DIM_KEY), int) and isinstance(d.get(nope), int):
-        put(d, V.DERIVED_HEAD_DIM_KEY, d[nope] + d.get(rope, 0), V.DERIVED_HEAD_DIM_KEY)
+            put(override, head_dim, small_of[override[head_dim]], f"{per_layer_key}.{layer}.{head_dim}")
+    nope, rope = V.MLA_NOPE_HEAD_DIM.canonical, V.MLA_ROPE_HEAD_DIM.canonical
+    if isinstance(d.get(derived_key), int) and isinstance(d.get(nope), int):
+        put(d, derived_key, d[nope] + d.get(rope, 0), derived_key)
     if derived_head and real_head:
         small_head = d[head_dim] if isinstance(d.get(head_dim), int) else small_of.get(real_head)
         if small_head is None:
@@ -220,10 +224,10 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
         extra = [x for x in (heads, kv_heads, 2 * (heads or 0)) if x]
         put(d, hidden_key, _same_residue(hidden, m, HIDDEN_FLOOR, extra), hidden_key)
     if rotary_dim and real_head and derived_head:
-        put(d, V.ROTARY_DIM_KEY, rotary_dim * (d[hidden_key] // heads) // real_head, V.ROTARY_DIM_KEY)
+        put(d, rotary_dim_key, rotary_dim * (d[hidden_key] // heads) // real_head, rotary_dim_key)
 
     def widths(target: dict, prefix: str) -> None:
-        for k in V.INTERMEDIATE_KEYS + V.RANK_KEYS:
+        for k in V.attrs_of(*V.SCALED_WIDTHS):
             if isinstance(target.get(k), int) and not isinstance(target.get(k), bool):
                 put(target, k, _same_residue(target[k], m, WIDTH_FLOOR), prefix + k)
         for k, v in list(target.items()):
@@ -232,7 +236,7 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
 
     widths(d, "")
     _shrink_experts(d, m, put)
-    for k in V.VOCAB_KEYS:
+    for k in V.attrs_of(*V.EMBEDDING_ROWS):
         if isinstance(d.get(k), int) and d[k] > MIN_VOCAB:
             put(d, k, _same_residue(d[k], m, MIN_VOCAB), k)
     return d, shrunk
@@ -247,11 +251,11 @@ def _shrink_experts(d: dict, m: int, put) -> None:
     at least 2 experts whose `topk_group` best hold `top_k` of them. Only the counts whose top-k the config names
     (`num_experts_per_tok`, `top_k_experts`) are scaled; any other layout keeps its real count.
     """
-    key, top_key = key_of(d, V.EXPERT_KEYS), key_of(d, V.TOP_K_KEYS)
+    key, top_key = key_of(d, V.EXPERTS.attrs), key_of(d, V.EXPERTS_TOP_K.attrs)
     if not key or not top_key:
         return
     real, top_k = d[key], d[top_key]
-    group_key, top_group_key = V.GROUP_KEYS
+    group_key, top_group_key = V.EXPERT_GROUPS.canonical, V.EXPERT_GROUPS_PICKED.canonical
     groups = d.get(group_key) if isinstance(d.get(group_key), int) and d.get(group_key, 0) > 1 else 1
     top_groups = d.get(top_group_key) if isinstance(d.get(top_group_key), int) else groups
 
@@ -358,7 +362,7 @@ def _layer_signatures(model, config_dict: dict, n_layers: int) -> list[tuple] | 
 def _per_layer_overrides(d: dict) -> dict[int, dict]:
     """`per_layer_config` (transformers' heterogeneous configs, e.g. Gemma 4's global layers with their own
     `head_dim` and `num_key_value_heads`) keyed by int layer index."""
-    raw = d.get(V.PER_LAYER_KEY)
+    raw = d.get(V.PER_LAYER_CONFIG.canonical)
     if not isinstance(raw, dict):
         return {}
     return {int(k): v for k, v in raw.items() if str(k).strip().isdigit()}
@@ -370,14 +374,14 @@ def _subset_layers(d: dict, keep: list[int], n_layers: int, layer_key: str) -> d
     out[layer_key] = len(keep)
     overrides = _per_layer_overrides(d)
     if overrides:
-        out[V.PER_LAYER_KEY] = {str(pos): copy.deepcopy(overrides[i]) for pos, i in enumerate(keep)
+        out[V.PER_LAYER_CONFIG.canonical] = {str(pos): copy.deepcopy(overrides[i]) for pos, i in enumerate(keep)
                                 if i in overrides}
     for k, v in d.items():
         if isinstance(v, list) and len(v) == n_layers and k != layer_key:
             out[k] = [v[i] for i in keep]
         elif _index_list(k, v):
             out[k] = [pos for pos, i in enumerate(keep) if i in v]
-        elif k == V.FIRST_DENSE_KEY and isinstance(v, int):
+        elif k == V.FIRST_DENSE_LAYERS.canonical and isinstance(v, int):
             out[k] = sum(1 for i in keep if i < v)
     return out
 
@@ -394,7 +398,7 @@ def _choose_layers(cls, config_cls, d: dict) -> tuple[dict, tuple[int, ...], lis
     """One layer of each kind, in the real order of first appearance; validated by rebuilding (on the meta
     device) and comparing the layers' signatures. Falls back to the shortest prefix of layers that holds every kind,
     then to every layer."""
-    layer_key = key_of(d, V.LAYER_KEYS)
+    layer_key = key_of(d, V.LAYERS.attrs)
     notes: list[str] = []
     if layer_key is None:
         return d, (), ["the config names no layer count: every layer is kept"]
@@ -510,11 +514,11 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
     work, cls, scope = _text_route(config, cls)
     notes: list[str] = []
     d = work.to_dict()
-    if d.pop(V.QUANTIZATION_KEY, None) is not None:
+    if d.pop(V.QUANTIZATION.canonical, None) is not None:
         notes.append("quantized model: parity ran on the unquantized small model (the split of quantized weights is "
                      "checked statically, not here)")
     d, shrunk = shrink_config(d, tp_size)
-    vocab_key = key_of(d, (V.VOCAB_KEY,))
+    vocab_key = key_of(d, (V.VOCAB.canonical,))
     if vocab_key:
         _remap_special_tokens(d, d[vocab_key])
     d["dtype"] = "float32"
@@ -554,8 +558,9 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
     widths = {v for k, v in d.items() if k.endswith(V.HEAD_DIM_SUFFIX) and isinstance(v, int) and v > 0}
     widths |= {o[V.HEAD_DIM_SUFFIX] for o in _per_layer_overrides(d).values()
                if isinstance(o.get(V.HEAD_DIM_SUFFIX), int)}
-    if not isinstance(d.get(V.HEAD_DIM_SUFFIX), int) and key_of(d, V.HIDDEN_KEYS) and key_of(d, V.HEAD_KEYS):
-        widths.add(d[key_of(d, V.HIDDEN_KEYS)] // d[key_of(d, V.HEAD_KEYS)])
+    hidden_key, heads_key = key_of(d, V.HIDDEN.attrs), key_of(d, V.ATTENTION_HEADS.attrs)
+    if not isinstance(d.get(V.HEAD_DIM_SUFFIX), int) and hidden_key and heads_key:
+        widths.add(d[hidden_key] // d[heads_key])
     return SmallModel(path=tmp.name, model_class=cls, config=small_cfg, reference=reference, input_ids=input_ids,
                       plan=dict(reference.tp_plan or {}), ep_plan=dict(reference.ep_plan or {}), shrunk=shrunk,
                       layers=layers, scope=scope, notes=notes, head_widths=tuple(sorted(widths)), tmp=tmp,

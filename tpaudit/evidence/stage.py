@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..configs import value
+from .. import vocabulary as V
 from ..model import ParityResult, RuleVerdict
-from . import vocabulary as V
 from .cache import NOT_NEEDED, digest, open_cache
 from .cache import inputs as cache_inputs
 from .run import run_parity
@@ -32,15 +31,21 @@ from .small_model import small_model
 from .trace import SPLIT_OUTPUT_STYLES, split_outputs
 
 
-def _single_widths(config) -> set[int]:
-    widths = {v for n in V.SINGLE_WIDTH_KEYS if isinstance(v := value(config, n), int)}
-    heads = {v for n in V.SINGLE_HEAD_KEYS if isinstance(v := value(config, n), int)}
-    dims = {v for n in V.SINGLE_HEAD_DIM_KEYS if isinstance(v := value(config, n), int)}
-    hidden = value(config, V.HIDDEN_KEYS[0])
-    attention = value(config, V.SINGLE_HEAD_KEYS[0])
+def _single_widths(facts) -> set[int]:
+    """Output widths of single (unfused) projections the config names (`vocabulary.SINGLE_OUTPUTS`), and every head
+    count times a head width (`SINGLE_HEADS` x `SINGLE_HEAD_DIMS`, with `hidden / heads` and MLA's `qk_nope_head_dim +
+    qk_rope_head_dim`)."""
+    def ints(*roles):
+        return {v for n in V.attrs_of(*roles) if isinstance(v := facts.value(n), int)}
+
+    widths = ints(*V.SINGLE_OUTPUTS)
+    heads = ints(*V.SINGLE_HEADS)
+    dims = ints(*V.SINGLE_HEAD_DIMS)
+    hidden = facts.value(V.HIDDEN.canonical)
+    attention = facts.value(V.ATTENTION_HEADS.canonical)
     if isinstance(hidden, int) and isinstance(attention, int) and attention:
         dims.add(hidden // attention)
-    mla_q = tuple(value(config, k) for k in V.MLA_QK_KEYS)
+    mla_q = (facts.value(V.MLA_NOPE_HEAD_DIM.canonical), facts.value(V.MLA_ROPE_HEAD_DIM.canonical))
     if all(isinstance(x, int) for x in mla_q):
         dims.add(sum(mla_q))
     return widths | {h * d for h in heads for d in dims}
@@ -50,7 +55,7 @@ def candidates(built, shard_map) -> list[str]:
     """Generic names of the projections the plan splits on their output whose width is not one single projection's
     (`out_features` of a module, or the output dim of a bare experts parameter), excluding what is decided without
     evidence (see the module docstring)."""
-    single = _single_widths(built.text_config)
+    single = _single_widths(built.facts)
     out = []
     for g in shard_map.groups:
         p = g.first
@@ -150,15 +155,14 @@ def head_limited(built, shard_map, tp_size: int) -> dict[str, str]:
     whole at once instead of trying styles on its partners (no partner can make half a head whole).
 
     Source: the KV-cache section's key projections and per-layer KV heads (`kvcache.key_projections`, `kv_layers`,
-    from transformers' `get_head_shapes`), the config's `num_attention_heads`."""
-    from ..configs import values
+    from transformers' `get_head_shapes`), the attention heads of the model's facts."""
     from ..kvcache import key_projections, kv_layers
     from .small_model import layer_tail
 
     if tp_size <= 1:
         return {}
-    kv = {layer.index: layer.kv_heads for layer in kv_layers(built.owner_config)}
-    heads = [h for h in values(built.owner_config, "num_attention_heads") if isinstance(h, int)]
+    kv = {layer.index: layer.kv_heads for layer in kv_layers(built.facts)}
+    heads = [h for h in built.facts.role_values(V.ATTENTION_HEADS)[1] if isinstance(h, int)]
     out: dict[str, str] = {}
     for index, key in sorted(key_projections(shard_map, built.text_prefix).items()):
         if key.gathered or not key.style:
