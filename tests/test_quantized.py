@@ -284,3 +284,16 @@ def test_suggest_keeps_split_quantization_metadata_whole():
     assert s.tp_plan_override == {f"model.{k}": "replicate" for k in shapes | scales}
     loaded = audit.report(ParallelSizes.of(8), dist_overrides={"tp_plan": s.tp_plan_override})
     assert not [f for f in loaded.findings if f.severity == "error"]
+
+
+def test_kv_heads_of_a_packed_key_projection_are_split_like_its_weight():
+    """compressed-tensors stores `k_proj` as `weight_packed` [out, in / 4] (int8 values in int32 words): its rows
+    are the key heads' output features, split by the colwise rule. Llama-3.1-70B W8A16 at tp 4: 8 KV heads / 4 = 2
+    per rank, 80 layers x 2 heads x 128 x (key + value) x 2 bytes = 81,920 B per token per rank, as the bf16 model."""
+    c = _config("llama-3.1-70b-w8a16")
+    tp = 4
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    per_token = c["num_hidden_layers"] * (c["num_key_value_heads"] // tp) * head_dim * 2 * 2
+    assert per_token == 81_920
+    kv = audit(str(FIXTURES / "llama-3.1-70b-w8a16.snapshot.json.gz"), tp=tp).kv_cache
+    assert max(kv.bytes_per_token_per_rank) == per_token

@@ -555,7 +555,10 @@ def test_cli_training_exit_1_when_nothing_fits_and_table():
     assert proc.returncode == 1, proc.stderr
     assert "Training (model states)" in proc.stdout and "max context" in proc.stdout
     assert "activations are not modelled" in proc.stdout
-    assert "No option fits for training" in proc.stdout
+    # tp 5 would fit in 16 GB but splits heads and KV heads: "no valid option", not "no memory"
+    assert "No valid option fits" in proc.stdout and "No option fits for training" not in proc.stdout
+    proc = run_main("size", GRANITE_DIR, "--gpu-memory", "16GB", "--tp", "1,2", "--training")
+    assert proc.returncode == 1 and "No option fits for training" in proc.stdout, proc.stdout
     # granite (bf16) at tp 2 on 40 GB: 16 B a local element + overhead fits
     proc = run_main("size", GRANITE_DIR, "--gpu-memory", "40GB", "--tp", "2", "--training")
     assert proc.returncode == 0, proc.stdout
@@ -647,3 +650,30 @@ def test_no_fit_advice_names_the_activation_budget_only_when_there_is_one():
     assert "activation budget" not in plain.stdout.split("No option fits for training")[1]
     budget = run_main("size", snap, "--gpu-memory", "24GB", "--tp", "4", "--training", "--activation-budget", "1GiB")
     assert "smaller activation budget" in " ".join(budget.stdout.split())
+
+
+def test_no_fit_advice_points_an_ep_plan_at_ep_and_an_invalid_fit_at_its_reasons():
+    # Qwen3-30B-A3B: 30.5 B bf16 parameters (~57 GiB) with an expert-parallel plan; at tp 1 and 2 on 16 GB nothing fits
+    snap = str(FIXTURES / "qwen3-30b-a3b.snapshot.json.gz")
+    proc = run_main("size", snap, "--gpu-memory", "16GB", "--tp", "1,2", "--format", "json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["recommended"] is None
+    assert out["no_fit_advice"].startswith("No option fits:") and "pass --ep 1,2,4,8" in out["no_fit_advice"]
+    # asking for an EP layout drops the hint; a layout that fits is recommended and the advice is null
+    proc = run_main("size", snap, "--gpu-memory", "80GB", "--tp", "1,2", "--ep", "1,2", "--format", "json")
+    out = json.loads(proc.stdout)
+    assert out["recommended"] is not None and out["no_fit_advice"] is None
+    proc = run_main("size", snap, "--gpu-memory", "16GB", "--tp", "1", "--ep", "1,2", "--format", "json")
+    assert "--ep" not in (json.loads(proc.stdout)["no_fit_advice"] or "")
+
+
+def test_an_option_whose_plan_cuts_fp8_blocks_is_invalid_even_though_it_loads():
+    # Qwen3-30B-A3B-FP8: 128 x 128 weight blocks; moe_intermediate_size 768 = 6 blocks. tp 2 gives 3 blocks a rank,
+    # tp 4 gives 192 rows = 1.5 blocks a rank, so a rank boundary cuts a block of every expert's projections (TPA202)
+    assert 768 // 2 % 128 == 0 and 768 // 4 % 128 != 0
+    snap = str(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")
+    out = json.loads(run_main("size", snap, "--gpu-memory", "80GB", "--tp", "2,4", "--format", "json").stdout)
+    valid = {o["tp_size"]: (o["valid"], o["reason"]) for o in out["options"]}
+    assert valid[2] == (True, None)
+    assert valid[4][0] is False and valid[4][1].startswith("the plan breaks the forward: TPA202")
+    assert out["recommended"] == {"tp_size": 2, "ep_size": 1}

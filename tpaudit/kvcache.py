@@ -120,7 +120,9 @@ def key_projections(shard_map, text_prefix: str) -> dict[int, KeyProjection]:
     compressor's `self_attn.compressor.kv_proj`)."""
     out: dict[int, KeyProjection] = {}
     for p in shard_map.params:
-        if not p.name.endswith(".weight") or p.ndim < 2:
+        # the parameter that carries the projection's rows: `weight`, or compressed-tensors' `weight_packed` (packed
+        # along the input: its rows are the output features, split as the weight's would be)
+        if not p.name.endswith((".weight", ".weight_packed")) or p.ndim < 2:
             continue
         leaf = p.name.rsplit(".", 2)[-2]
         if leaf not in K_LEAVES and leaf not in KV_LEAVES:

@@ -271,6 +271,30 @@ class SizeReport:
     training: TrainingSetup | None = None
     training_notes: tuple[str, ...] = ()
     frozen: tuple[dict, ...] = ()
+    ep_untried: bool = False
+
+    @property
+    def no_fit_advice(self) -> str | None:
+        """What to try when nothing is recommended (`None` when something is): a valid layout that fits in memory
+        differs from 'no memory', and a model with an expert-parallel plan whose EP layouts were not asked for gets
+        told about `--ep`."""
+        if self.recommended is not None:
+            return None
+        fits = [o for o in self.options if (o.training is not None and o.training.fits if self.training
+                                            else o.worst is not None and o.worst.total_bytes <= o.capacity_bytes)]
+        if fits and not any(o.valid for o in fits):
+            advice = ("No valid option fits: the options that fit in memory are invalid (the reasons are above; "
+                      "tpaudit check --suggest proposes rules for a plan's errors)")
+        elif self.training:
+            budget = ", or a smaller activation budget" if self.training.activation_budget_bytes else ""
+            advice = ("No option fits for training: use more or larger GPUs, shard the states further (ZeRO/FSDP), a "
+                      f"lighter optimizer (--optimizer adafactor), --no-master-weights{budget}")
+        else:
+            advice = "No option fits: use more or larger GPUs, a shorter context, or a smaller KV dtype"
+        if self.ep_untried:
+            advice += ("; the model has an expert-parallel plan and no EP layout was tried: pass --ep 1,2,4,8 (EP "
+                       "splits the experts by expert)")
+        return advice + "."
 
     @property
     def recommended(self) -> SizeOption | None:
@@ -291,6 +315,7 @@ class SizeReport:
             "options": [o.to_json() for o in self.options],
             "recommended": {"tp_size": rec.tp_size, "ep_size": rec.ep_size} if rec else None,
             "recommended_for": "training" if self.training else "serving",
+            "no_fit_advice": self.no_fit_advice,
             "training": ({**self.training.to_json(), "notes": list(self.training_notes),
                           "frozen_parameters": list(self.frozen)} if self.training else None),
             "versions": self.versions, "notes": list(self.notes),
@@ -330,6 +355,32 @@ def _serving_weights(report) -> tuple[int, ...]:
     if after is None:
         return tuple(report.rank_param_bytes)
     return tuple(max(a, b) for a, b in zip(report.rank_param_bytes, after))
+
+
+_BREAKS_THE_FORWARD = ("TPA201", "TPA202", "TPA203", "TPA501", "TPA502")
+"""Error findings whose ranks cannot compute the model: quantization metadata or scales a rank lacks, a block a rank
+boundary cuts, a fused output scrambled, a style that does not fit. TPA101 counts only for attention heads: an uneven
+vocabulary or intermediate split computes correctly in transformers (its `EmbeddingParallel` and row/colwise pairs
+take matching `torch.chunk` slices), it only loads the worst rank more."""
+
+
+def _breaks_the_forward(finding) -> bool:
+    if finding.severity != "error":
+        return False
+    if finding.code == "TPA101":
+        return finding.target.rpartition(".")[2] in V.ATTENTION_HEADS.attrs
+    return finding.code in _BREAKS_THE_FORWARD
+
+
+def _forward_breaks(report) -> str | None:
+    """Why an option is invalid because its plan loads but its ranks cannot compute the model (the findings above);
+    `None` when it has none of them."""
+    breaking = [f for f in report.findings if _breaks_the_forward(f)]
+    if not breaking:
+        return None
+    first = breaking[0]
+    more = f" (and {len(breaking) - 1} more)" if len(breaking) > 1 else ""
+    return f"the plan breaks the forward: {first.code} {first.target}{more}"
 
 
 def _load_fails(load) -> str | None:
@@ -527,7 +578,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         weights = _serving_weights(report)
         ranks = tuple(RankMemory(r, weights[r], _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
                       for r in range(report.shard_map.world_size))
-        reason = _kv_heads_split(kv) or _load_fails(report.loading)
+        reason = _kv_heads_split(kv) or _load_fails(report.loading) or _forward_breaks(report)
         per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
         fit = context_fit(kv, weights, capacity_bytes=capacity_bytes, overhead_bytes=over,
                           state_bytes=state, batch=batch, scale=scale, cap_tokens=cap_tokens)
@@ -549,6 +600,10 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         if frozen:
             training_notes += (f"{len(frozen)} parameter families get no gradient or optimizer state (quantized or "
                                "integer tensors and their quantization metadata); they count as parameters only",)
+    from .compat import backend
+
+    ep_untried = all(ep == 1 for _, ep in pairs) and bool(backend().merged_plans(audit.built.model)[1])
     return SizeReport(model=model_info, gpu=gpu, context=context, batch=batch, kv_dtype=kv_name or "model dtype",
                       overhead=overhead, options=tuple(options), versions=versions, notes=tuple(sorted(notes)),
-                      training=training, training_notes=training_notes, frozen=tuple(frozen.values()))
+                      training=training, training_notes=training_notes, frozen=tuple(frozen.values()),
+                      ep_untried=ep_untried)

@@ -160,14 +160,8 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
             parts = _training_parts(r, rec.training.overhead_bytes) if training else _serving_parts(r)
             total = sum(v for _, v in parts)
             console.print(Text(f"  rank {r.rank:<3}") + _bar(parts, cap) + Text(f" {format_bytes(total, unit)}"))
-    elif training:
-        budget = ", or a smaller activation budget" if report.training.activation_budget_bytes else ""
-        console.print(Text("No option fits for training: use more or larger GPUs, shard the states further "
-                           "(ZeRO/FSDP), a lighter optimizer (--optimizer adafactor), --no-master-weights"
-                           f"{budget}.", style="bold red"))
     else:
-        console.print(Text("No option fits: use more or larger GPUs, a shorter context, or a smaller KV dtype.",
-                           style="bold red"))
+        console.print(Text(report.no_fit_advice, style="bold red"))
     console.print(Text(f"overhead policy: {report.overhead.describe()}", style="dim"))
     for n in report.notes:
         console.print(Text("note: " + inert(n), style="dim"))
@@ -311,7 +305,7 @@ def render_html(report: SizeReport, *, unit: str = "GiB", **_) -> str:
         f"batch {report.batch} ({esc(report.kv_dtype)})"
     recommended = (f"Recommended for {'training' if training else 'serving'}: <b>tp_size {rec.tp_size}, ep_size "
                    f"{rec.ep_size}</b> (the smallest valid option that fits)." if rec else
-                   "<b>No option fits.</b>")
+                   f"<b>{esc(report.no_fit_advice)}</b>")
     notes = [f"Overhead policy: {report.overhead.describe()}.",
              "Each bar: the worst rank of the option (the rank needing the most memory); the dashed line is the GPU's "
              "capacity; hover a segment for its exact bytes."]
