@@ -297,3 +297,23 @@ def test_kv_heads_of_a_packed_key_projection_are_split_like_its_weight():
     assert per_token == 81_920
     kv = audit(str(FIXTURES / "llama-3.1-70b-w8a16.snapshot.json.gz"), tp=tp).kv_cache
     assert max(kv.bytes_per_token_per_rank) == per_token
+
+
+def test_the_report_header_names_the_quantization_method_and_the_quantizer_that_laid_it_out():
+    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+
+    from conftest import run_main
+
+    snap = str(FIXTURES / "gpt-oss-20b.snapshot.json.gz")
+    with __import__("gzip").open(snap, "rt") as fh:
+        method = json.load(fh)["config"]["quantization_config"]["quant_method"]
+    quantizer = AUTO_QUANTIZER_MAPPING[method].__name__
+    assert (method, quantizer) == ("mxfp4", "Mxfp4HfQuantizer")
+    md = run_main("check", snap, "--tp", "2", "--no-parity", "--format", "markdown").stdout
+    assert f"| quantization | {method}: laid out by transformers' {quantizer} (weights kept quantized) |" in md
+    term = run_main("check", snap, "--tp", "2", "--no-parity").stdout
+    assert re.search(rf"quantization\s+{method}: laid out by transformers' {quantizer}", term)
+    # an unquantized checkpoint has no such row
+    plain = run_main("check", str(FIXTURES / "llama-3.1-8b.snapshot.json.gz"), "--tp", "2", "--no-parity",
+                     "--format", "markdown").stdout
+    assert "| quantization |" not in plain

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
 from ._inert import markdown_code as code, markdown_fence as fenced, markdown_text as prose
-from .wording import load_verdict, parity_verdict, rank_spread
+from .wording import load_verdict, parity_verdict, quantization_line, rank_spread
 from . import renderer
 
 _ICON = {"error": "❌", "warning": "⚠️", "note": "ℹ️"}
@@ -27,6 +27,7 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
              *([f"> ⚠️ {prose(m['bytes_caveat'])}", ""] if m.get("bytes_caveat") else []),
              "| | |", "|---|---|",
              f"| model | {code(m.get('architecture'))} ({prose(m.get('model_type'))}, {prose(m.get('dtype'))}) |",
+             *([f"| quantization | {prose(quant)} |"] if (quant := quantization_line(m.get("quantization"))) else []),
              f"| model bytes | {format_int(sm.total_param_bytes)} B ({format_bytes(sm.total_param_bytes, unit)}) |"]
     ranks = sm.rank_param_bytes
     spread = rank_spread(ranks, unit)

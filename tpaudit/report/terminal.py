@@ -14,7 +14,7 @@ from rich.text import Text
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
 from ._inert import terminal as inert
-from .wording import load_verdict, parity_verdict, rank_spread
+from .wording import load_verdict, parity_verdict, quantization_line, rank_spread
 from . import renderer
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
@@ -45,6 +45,8 @@ def _summary(report: Report, unit: str) -> Table:
         rev = m.get("commit") or m.get("revision")
         t.add_row("source", Text(f"{where} {inert(m['repo_id'])}" + (f" @ {inert(rev)}" if rev else
                                                                       " (revision not recorded)")))
+    if quant := quantization_line(m.get("quantization")):
+        t.add_row("quantization", Text(inert(quant)))
     t.add_row("parallelism", f"tp_size {sm.tp_size}, ep_size {sm.ep_size}, world size {sm.world_size}")
     if m.get("bytes_caveat"):
         t.add_row("caveat", Text(inert(m["bytes_caveat"]), style="bold yellow"))

@@ -73,3 +73,19 @@ def load_verdict(load, unit: str = "GiB") -> tuple[str, str]:
     if decompressed:
         return "decompress", f"rank {worst} reads {figures} and holds {held_text}: {what}{later}"
     return "ok", f"rank {worst} reads {figures}, {what}{later}"
+
+
+def quantization_line(quant: dict | None) -> str | None:
+    """The report's `model.quantization` section as one sentence, `None` for an unquantized checkpoint.
+
+    `quant` is `QuantizationInfo.to_json()`: the `quant_method` of the checkpoint's `quantization_config`, the
+    transformers quantizer that laid out the meta model (`ran`), whether it chose to dequantize, and why it could not
+    run where it did not.
+    """
+    if not quant:
+        return None
+    method = quant.get("method")
+    if quant.get("ran"):
+        kept = "dequantized at load" if quant.get("dequantize") else "weights kept quantized"
+        return f"{method}: laid out by transformers' {quant.get('quantizer')} ({kept})"
+    return f"{method}: not laid out by a quantizer" + (f" ({quant['reason']})" if quant.get("reason") else "")
