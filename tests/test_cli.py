@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -157,3 +158,13 @@ def test_dtype_auto_is_the_default_spelled_out():
     auto = run_main("check", ref, "--tp", "4", "--format", "json", "--dtype", "auto")
     assert auto.returncode == default.returncode == 0, auto.stderr
     assert json.loads(auto.stdout) == json.loads(default.stdout)
+
+
+def test_piped_help_wraps_every_option_and_crops_nothing():
+    # a pipe (stdout not a terminal) gets click's plain help: every word of every option's help text is there whole
+    proc = subprocess.run([sys.executable, "-m", "tpaudit", "check", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    assert proc.returncode == 0 and "…" not in proc.stdout
+    words = " ".join(proc.stdout.split())
+    assert "(keys relative to the base model, as in configuration_*.py)" in words
+    assert "--trust-remote-code" in proc.stdout

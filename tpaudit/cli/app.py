@@ -59,11 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_gc()
 
-    # rich's help panels need room: below 100 columns they crop option names ("--trust-remote-c…"), so a narrow
-    # terminal gets click's plain help, which wraps and never crops
+    # rich's help panels need room: below 100 columns they crop option names and help ("--trust-remote-c…"), so a
+    # narrow terminal, and a pipe (rich draws 80 columns there), get click's plain help, which wraps and never crops
     import shutil
 
-    app.rich_markup_mode = "rich" if shutil.get_terminal_size((160, 24)).columns >= 100 else None
+    wide = sys.stdout.isatty() and shutil.get_terminal_size((80, 24)).columns >= 100
+    app.rich_markup_mode = "rich" if wide else None
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpaudit",
