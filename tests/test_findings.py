@@ -237,3 +237,22 @@ def test_no_plan_under_ep_says_the_experts_are_sharded_by_expert():
     assert "block_sparse_moe.experts.gate_up_proj" in f.message and "the plan shards only" not in f.message
     attention = sum(g.total_bytes for g in report.shard_map.groups if ".self_attn." in g.generic_name)
     assert attention > 0 and f.facts["layer_bytes"] >= attention
+
+
+def test_an_unused_rule_of_the_shipped_plan_is_not_told_to_be_removed():
+    # Qwen3-30B-A3B: every layer is sparse (decoder_sparse_step 1, no mlp_only_layers), so the dense mlp.* rules that
+    # transformers' Qwen3MoeConfig.base_model_tp_plan carries for dense layers match nothing
+    from transformers import Qwen3MoeConfig
+
+    dense = {k for k in Qwen3MoeConfig.base_model_tp_plan if k.startswith("layers.*.mlp.") and "experts" not in k
+             and "gate" != k.rpartition(".")[2]}
+    assert dense == {"layers.*.mlp.gate_proj", "layers.*.mlp.up_proj", "layers.*.mlp.down_proj"}
+    ref = str(FIXTURES / "qwen3-30b-a3b.snapshot.json.gz")
+    unused = {f.facts["relative_key"]: f for f in audit(ref, 4).findings if f.code == "TPA002"}
+    assert set(unused) == dense
+    for f in unused.values():
+        assert "Qwen3MoeConfig.base_model_tp_plan" in f.fix and not f.fix.startswith("Remove")
+    # the same rules in a --plan file are the user's to remove
+    mine = audit(ref, 4, plan=dict(Qwen3MoeConfig.base_model_tp_plan))
+    fixes = {f.facts["relative_key"]: f.fix for f in mine.findings if f.code == "TPA002"}
+    assert set(fixes) == dense and all(x.startswith(f"Remove `{k}`") for k, x in fixes.items())

@@ -189,7 +189,9 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
 
     **Fix**
     Remove the rule, or rewrite its key to the runtime module path it was meant for (see the replicated weights of
-    the same report).
+    the same report). A rule of the plan transformers ships (Qwen3-MoE's dense `mlp.*` rules, for configs whose
+    `mlp_only_layers` are dense) is often for layers this config does not have: nothing to edit unless a weight of
+    its kind is replicated (TPA001), when `--suggest` gives a load-time override.
 
     **References**
     transformers `distributed/mixin.py` (`_validate_parallel_plan` logs the same set only at load time and only on
@@ -199,6 +201,9 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
 
     candidates = _hint_candidates(ctx, generic_name)
     hinted = 0
+    # the plan under review is transformers' own (no --plan, no --suggest candidate, no DistributedConfig override):
+    # a user cannot remove its rules, only override the plan at load time
+    shipped = ctx.plan.override is None and not ctx.plan.dist_overrides
     for kind, rules, unused in (("tp", ctx.plan.tp_rules, ctx.plan.unused_tp_rules),
                                 ("ep", ctx.plan.ep_rules, ctx.plan.unused_ep_rules)):
         for key in unused:
@@ -210,7 +215,10 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
             yield Finding(
                 code="TPA002", kind="unused_rule", severity="warning", target=key,
                 message=f"{kind} rule `{key}: {rules[key]}` matches no module or parameter of {ctx.architecture}{hint}",
-                fix=f"Remove `{ctx.relative_key(key)}` or rewrite it to a runtime module path",
+                fix=(f"Remove `{ctx.relative_key(key)}` or rewrite it to a runtime module path" if not shipped else
+                     f"Nothing to edit unless a weight it was meant for is replicated (TPA001): the rule ships in "
+                     f"transformers' `{ctx.owner_class}.base_model_{kind}_plan`, often for layers this config does "
+                     f"not have; when one is, `--suggest` proposes a load-time override"),
                 facts={"plan": kind, "style": rules[key], "closest": close, "relative_key": ctx.relative_key(key)},
                 subject=FindingSubject(rule_key=ctx.relative_key(key)))
 
