@@ -118,7 +118,7 @@ def batch(
                              "process); with --executor ray and no address, the CPUs of the local Ray instance "
                              "(default: all).", show_default=False)] = None,
     executor: Annotated[Executor, typer.Option("--executor", help="local: worker processes on this machine; ray: "
-                                                                  "Ray tasks (pip install \"tpaudit\\[ray]\").")]
+                                                                  "Ray tasks (Ray comes with the ray extra of tpaudit).")]
     = Executor.local,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="With --executor ray: a running cluster (auto, ray://HOST:10001); default: a local "
