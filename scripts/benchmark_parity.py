@@ -120,7 +120,7 @@ def isolation() -> bool:
                              "layers.*.mlp.gate_up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}, None),
     ]
     ok = True
-    print(f"isolation at tp 2 (first run = build + trace + reference + the sharded run of the plan as given):")
+    print("isolation at tp 2 (first run = build + trace + reference + the sharded run of the plan as given):")
     for label, config, cls, plan, ckpt in cases:
         result = run_parity(config, cls, plan, 2, checkpoint_keys=ckpt)
         first = result.seconds - result.isolation_seconds

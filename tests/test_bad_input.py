@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from conftest import CASES, FIXTURES, read_json_any, run_cli, run_main
+from conftest import CASES, FIXTURES, read_json_any, run_main
 
 LLAMA = str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
 GRANITE = json.loads((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import CASES, FIXTURES
+from conftest import FIXTURES
 
 
 def _lists_tensors(path) -> bool:

@@ -32,7 +32,6 @@ COMPONENTS = ("attention", "mlp", "experts", "shared_experts", "embeddings", "he
 def component_of(name: str) -> str | None:
     """The component a generic parameter name belongs to (for the coverage heat map); `None` for routers, which
     transformers keeps whole by design, and for anything unrecognised."""
-    import re
 
     parts = name.split(".")
     if len(parts) >= 2 and re.search(r"(^|_)(gate|router)$", parts[-2]):

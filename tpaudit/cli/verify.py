@@ -41,7 +41,6 @@ def verify(
     Exit codes: 0 every rank holds what was predicted, 1 a mismatch, 2 bad input or torchrun not starting,
     3 the model failed to load on some rank (the rank and the loader's error are named).
     """
-    from ..errors import UsageError
     from ..verify import run_as_worker, run_verify, under_torchrun
     from ..report import get
     from ._output import emit
