@@ -17,17 +17,33 @@ from __future__ import annotations
 
 from ..compat._types import ModuleFacts, QuantizationInfo  # noqa: F401  (part of the data model)
 from ..compat.logic import generic_name  # noqa: F401  (re-exported)
-from .source import (  # noqa: F401
-    SAFETENSORS_DTYPE_BITS, SAFETENSORS_DTYPE_BYTES, CheckpointTensor, checkpoint_tensors, total_bytes, SourceKind,
-    ModelSource,
-)
-from .sizes import MAX_WORLD_SIZE, ParallelSizes  # noqa: F401
-from .shards import ParamOrigin, Sharding, ParamShard, ParamGroup, ModuleFamily, ShardMap  # noqa: F401
-from .load import LoadIssueKind, LoadIssue, LoadFamily, LoadSection  # noqa: F401
-from .findings import (  # noqa: F401
-    Severity, SEVERITY_ORDER, Location, FindingSubject, Finding, ReplicatedFamily, why_unsharded,
-)
 from .evidence import (  # noqa: F401
-    PARITY_TOLERANCE, SplitOutput, VERDICT_STATUSES, VERDICT_KINDS, RuleVerdict, ParityResult,
+    PARITY_TOLERANCE,
+    VERDICT_KINDS,
+    VERDICT_STATUSES,
+    ParityResult,
+    RuleVerdict,
+    SplitOutput,
 )
-from .report import KVCacheSection, SuggestionSection, BaselineSection, REPORT_SCHEMA, Report  # noqa: F401
+from .findings import (  # noqa: F401
+    SEVERITY_ORDER,
+    Finding,
+    FindingSubject,
+    Location,
+    ReplicatedFamily,
+    Severity,
+    why_unsharded,
+)
+from .load import LoadFamily, LoadIssue, LoadIssueKind, LoadSection  # noqa: F401
+from .report import REPORT_SCHEMA, BaselineSection, KVCacheSection, Report, SuggestionSection  # noqa: F401
+from .shards import ModuleFamily, ParamGroup, ParamOrigin, ParamShard, Sharding, ShardMap  # noqa: F401
+from .sizes import MAX_WORLD_SIZE, ParallelSizes  # noqa: F401
+from .source import (  # noqa: F401
+    SAFETENSORS_DTYPE_BITS,
+    SAFETENSORS_DTYPE_BYTES,
+    CheckpointTensor,
+    ModelSource,
+    SourceKind,
+    checkpoint_tensors,
+    total_bytes,
+)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
 PARITY_TOLERANCE = 1e-4
 """Relative tolerance of the parity check: an output differs when `max |sharded - unsharded| > PARITY_TOLERANCE *
 max(1, max |unsharded|)` (float32 reordering noise is a few 1e-6 in the small model; a wrong split moves an output by

@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from .shards import ParamShard
 
-
 Severity = Literal["error", "warning", "note"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "note": 2}
 

@@ -7,7 +7,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-
 ParamOrigin = Literal["checkpoint", "model", "companion"]
 Sharding = Literal["sharded", "replicated_by_rule", "unsharded"]
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 
-
 MAX_WORLD_SIZE = 1024
 
 

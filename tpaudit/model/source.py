@@ -10,7 +10,6 @@ from typing import Any, Literal, NamedTuple
 
 from ..compat.logic import generic_name
 
-
 # Bits per element of each safetensors dtype tpaudit sizes (safetensors' `Dtype::bitsize`): `F4` packs two values
 # per byte. The F6 formats are refused by the header reader (no transformers quantizer stores them).
 SAFETENSORS_DTYPE_BITS: dict[str, int] = {
