@@ -193,7 +193,7 @@ def test_second_run_is_served_from_the_cache(tmp_path, audits, monkeypatch):
     list(tpaudit.batch([fixture(LLAMA)], tp_sizes=[4], cache=cache, plan=plan))
     list(tpaudit.batch([fixture(LLAMA)], tp_sizes=[4], cache=cache, dtype="float16"))
     real = core.installed_versions
-    monkeypatch.setattr(core, "installed_versions", lambda: {**real(), "transformers": "5.23.99"})
+    monkeypatch.setattr(core.task, "installed_versions", lambda: {**real(), "transformers": "5.23.99"})
     list(tpaudit.batch([fixture(LLAMA)], tp_sizes=[4], cache=cache))
     assert audits == [(fixture(LLAMA), 4, 1)] * 3
     audits.clear()
