@@ -92,9 +92,10 @@ def test_tpa102_judges_deepseek_v4_kv_proj():
 
 def test_gpt2_style_layers_are_decoder_layers_for_the_kv_section():
     """CodeGen-350M-mono's real config (fixtures/parity): 20 layers `transformer.h.N`, 16 heads of 1024 / 16 = 64,
-    float16, and a shipped plan that splits `h.*.attn.qkv_proj` colwise. At tp 4 each rank caches 4 heads: 20 x 4 x
-    (64 + 64) x 2 bytes per token. At tp 3 the 3,072 rows split 1,024 a rank, 16 / 3 heads each: TPA102, named by the
-    attribute config.json spells (`n_head`; CodeGen has no KV-head attribute, its KV heads are its heads)."""
+    float16, and a plan that splits `h.*.attn.qkv_proj` colwise (given here: transformers 5.24 ships it, 5.23 ships no
+    CodeGen plan). At tp 4 each rank caches 4 heads: 20 x 4 x (64 + 64) x 2 bytes per token. At tp 3 the 3,072 rows
+    split 1,024 a rank, 16 / 3 heads each: TPA102, named by the attribute config.json spells (`n_head`; CodeGen has no
+    KV-head attribute, its KV heads are its heads)."""
     import json
 
     import tpaudit
@@ -102,10 +103,11 @@ def test_gpt2_style_layers_are_decoder_layers_for_the_kv_section():
     raw = json.loads((FIXTURES / "parity" / "codegen-350m-mono.config.json").read_text())
     config = _config("codegen", **{k: v for k, v in raw.items() if k != "model_type"})
     assert (raw["n_layer"], raw["n_head"], raw["n_embd"]) == (20, 16, 1024)
-    report = tpaudit.check(config, tp_size=4, parity=False)
+    plan = {"h.*.attn.qkv_proj": "colwise", "h.*.attn.out_proj": "rowwise"}
+    report = tpaudit.check(config, tp_size=4, plan=plan, parity=False)
     assert report.kv_cache.kv_heads_per_rank == 4
     assert report.kv_cache.bytes_per_token_per_rank == [20 * 4 * 128 * 2] * 4
-    report = tpaudit.check(config, tp_size=3, parity=False)
+    report = tpaudit.check(config, tp_size=3, plan=plan, parity=False)
     [f] = [f for f in report.findings if f.code == "TPA102"]
     assert f.target == "n_head" and f.facts["heads_by_rank"] == [16 / 3] * 3
 
