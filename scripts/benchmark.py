@@ -117,7 +117,7 @@ def header_stages(fixture: str, repeat: int) -> list[tuple[str, float]]:
 
     from tpaudit.sources import open_source
     from tpaudit.sources.safetensors_header import parse_header, read_local_header
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     source = open_source(fixture)
     if source.tensors is None:

@@ -135,7 +135,7 @@ def isolation() -> bool:
 
 CACHE_DRIVER = """
 import sys, time
-import tpaudit.audit as audit
+import tpaudit.run.pipeline as audit
 real = audit.gather_evidence
 spent = []
 def timed(*a, **k):

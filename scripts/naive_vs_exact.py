@@ -22,7 +22,7 @@ DEFAULT = ["qwen3-vl-30b-a3b-instruct", "llama-3.1-8b-instruct", "deepseek-v3", 
 
 
 def main() -> int:
-    from tpaudit.audit import Audit
+    from tpaudit.run.pipeline import Audit
     from tpaudit.errors import TpauditError
     from tpaudit.model import ParallelSizes
     from tpaudit.sources import open_source

@@ -161,8 +161,8 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
           **build_options):
     """In-process `tpaudit check` (the same pipeline as the CLI, without the interpreter start-up). The parity check
     is off unless asked for: tests of it ask."""
-    from tpaudit.audit import Audit
-    from tpaudit.build import BuildOptions
+    from tpaudit.run.pipeline import Audit
+    from tpaudit.metamodel import BuildOptions
     from tpaudit.model import ParallelSizes
     from tpaudit.sources import open_source
 
@@ -170,7 +170,7 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
     pipeline = Audit(open_source(ref), BuildOptions(plan_override=plan, **build_options))
     report = pipeline.report(sizes, parity=parity)
     if suggest:
-        from tpaudit.suggest import with_suggestion
+        from tpaudit.plan.suggest import with_suggestion
 
         report = with_suggestion(pipeline, report, sizes)
     return report
@@ -226,9 +226,9 @@ def _share_fixture_builds():
     if os.environ.get("TPAUDIT_TEST_FRESH_BUILDS"):
         yield
         return
-    import tpaudit.audit
+    import tpaudit.run.pipeline
 
-    real_build, real_report = tpaudit.audit.build_model, tpaudit.audit.Audit.report
+    real_build, real_report = tpaudit.run.pipeline.build_model, tpaudit.run.pipeline.Audit.report
     shared_ids: set[int] = set()
     reports: dict = {}
 
@@ -249,6 +249,6 @@ def _share_fixture_builds():
             reports[key] = real_report(self, sizes, **kwargs)
         return reports[key]
 
-    tpaudit.audit.build_model, tpaudit.audit.Audit.report = build_model, report
+    tpaudit.run.pipeline.build_model, tpaudit.run.pipeline.Audit.report = build_model, report
     yield
-    tpaudit.audit.build_model, tpaudit.audit.Audit.report = real_build, real_report
+    tpaudit.run.pipeline.build_model, tpaudit.run.pipeline.Audit.report = real_build, real_report

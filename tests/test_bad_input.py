@@ -48,7 +48,7 @@ def test_config_values_of_the_wrong_kind(tmp_path, change, needle):
 def test_a_config_error_keeps_its_reason_apart_from_the_advice(tmp_path):
     """`scan` reports the reason alone for transformers' own default configs, where "fix the config" does not apply;
     the CLI's line is the reason, then the advice."""
-    from tpaudit.audit import Audit
+    from tpaudit.run.pipeline import Audit
     from tpaudit.errors import ConfigError
     from tpaudit.sources import open_source
 
@@ -257,7 +257,7 @@ def test_a_stray_checkpoint_tensor_changes_no_byte(tmp_path):
     """A `q_proj.bias` in a bias-free llama checkpoint: transformers drops unexpected keys, so the bytes per rank
     are the checkpoint's without it, and the tensor is a TPA301 warning, not a replicated parameter (TPA001)."""
     from tpaudit.model import CheckpointTensor, ModelSource
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     doc = read_json_any(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
     tensors = [CheckpointTensor(n, d, tuple(s)) for n, d, s, _ in doc["tensors"]]
@@ -328,19 +328,19 @@ def test_a_full_output_device_is_an_input_error_not_a_bug():
 
 def test_interrupt_is_130_and_an_internal_bug_is_4(monkeypatch):
     """Exit 130 on Ctrl-C and exit 4 (with the TPAUDIT_DEBUG hint) for a genuine bug, each one line."""
-    import tpaudit.audit
+    import tpaudit.run.pipeline
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tpaudit.audit.Audit, "report", interrupted)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", interrupted)
     proc = run_main("check", LLAMA, "--tp", "2")
     assert proc.returncode == 130 and proc.stderr.strip() == "error: interrupted"
 
     def bug(*a, **k):
         raise ZeroDivisionError("division by zero\nin a place")
 
-    monkeypatch.setattr(tpaudit.audit.Audit, "report", bug)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", bug)
     proc = run_main("check", LLAMA, "--tp", "2")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 4 and len(lines) == 1

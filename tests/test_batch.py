@@ -73,16 +73,16 @@ def cache_env(tmp_path, monkeypatch):
 @pytest.fixture
 def audits(monkeypatch):
     """Count the pipeline runs (`Audit.report` calls: one simulation of one (model, tp, ep)) made in this process."""
-    import tpaudit.audit
+    import tpaudit.run.pipeline
 
     calls = []
-    real = tpaudit.audit.Audit.report
+    real = tpaudit.run.pipeline.Audit.report
 
     def counting(self, sizes, **kwargs):
         calls.append((self.source.ref, sizes.tp_size, sizes.ep_size))
         return real(self, sizes, **kwargs)
 
-    monkeypatch.setattr(tpaudit.audit.Audit, "report", counting)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", counting)
     return calls
 
 
@@ -90,7 +90,7 @@ def audits(monkeypatch):
 # The list
 # ----------------------------------------------------------------------------------------------------------------------
 def test_list_comments_revisions_and_duplicates(tmp_path):
-    from tpaudit.batching import parse_list, read_list
+    from tpaudit.run.batch import parse_list, read_list
 
     at_dir = tmp_path / "models@v2"
     at_dir.mkdir()
@@ -110,7 +110,7 @@ def test_list_comments_revisions_and_duplicates(tmp_path):
 
 
 def test_size_pairs_follow_transformers():
-    from tpaudit.batching import size_pairs
+    from tpaudit.run.batch import size_pairs
     from tpaudit.errors import UsageError
 
     pairs, refused = size_pairs([4, 8], [1, 4])
@@ -170,7 +170,7 @@ def test_llama_by_hand_sanity():
 # ----------------------------------------------------------------------------------------------------------------------
 def test_second_run_is_served_from_the_cache(tmp_path, audits, monkeypatch):
     import tpaudit
-    import tpaudit.batching as core
+    import tpaudit.run.batch as core
 
     models = [fixture(LLAMA), MISSING]
     cache = tmp_path / "cache"
@@ -232,12 +232,12 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path, audits):
 
 def test_internal_error_in_one_model_never_stops_the_batch(tmp_path, monkeypatch):
     import tpaudit
-    import tpaudit.audit
+    import tpaudit.run.pipeline
 
     def broken(self, sizes, **kwargs):
         raise RuntimeError("simulated bug\nsecond line")
 
-    monkeypatch.setattr(tpaudit.audit.Audit, "report", broken)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", broken)
     lines = list(tpaudit.batch([fixture(LLAMA), MISSING], tp_sizes=[4], cache=tmp_path / "cache"))
     by_model = {r.model: r for r in lines}
     bug = by_model[fixture(LLAMA)]
@@ -267,7 +267,7 @@ def write_jsonl(path: Path, *lines: dict) -> Path:
 
 
 def test_compare_new_and_fixed_errors(tmp_path):
-    from tpaudit.batching import compare, read_results
+    from tpaudit.run.batch import compare, read_results
 
     old = write_jsonl(tmp_path / "old.jsonl",
                       line("a/x", 4, errors=("TPA001:model.layers.*.mlp.down_proj.weight",)),
@@ -380,7 +380,7 @@ def test_ray_executor_gives_the_same_lines(tmp_path):
 def test_hub_models_with_a_revision(tmp_path):
     from hubserver import FakeHub
     from tpaudit.sources import open_source
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     directory = tmp_path / "llama"
     write_sparse_checkpoint(open_source(str(FIXTURES / f"{LLAMA}.snapshot.json.gz")), directory)

@@ -66,7 +66,7 @@ def materialise(case: str, tmp_path):
 
 def _write_case(src, model_dir) -> None:
     from tpaudit.model import CheckpointTensor, ModelSource
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     config = json.loads((src / "config.json").read_text())
     if (src / "tensors.json.gz").is_file():

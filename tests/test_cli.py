@@ -36,7 +36,7 @@ def test_the_cli_tunes_its_own_garbage_collector_and_the_library_does_not():
     # the CLI owns its process and raises the collector's first threshold (mypy's 200,000); importing tpaudit as a
     # library, or building its Python API objects, leaves the user's process as Python set it up
     code = ("import gc, json; before = gc.get_threshold()\n"
-            "import tpaudit, tpaudit.api, tpaudit.audit, tpaudit.guard; library = gc.get_threshold()\n"
+            "import tpaudit, tpaudit.api, tpaudit.run.pipeline, tpaudit.verify.guard; library = gc.get_threshold()\n"
             "from tpaudit.cli.app import main\nmain(['--version'])\n"
             "print(json.dumps([before, library, gc.get_threshold()]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))

@@ -53,12 +53,12 @@ def test_a_worker_that_stops_is_not_a_bug():
 def test_scan_turns_a_bug_into_an_internal_error_row_and_exit_4(monkeypatch, tmp_path):
     """A bug while scanning one type was a `build_failed` row (exit 0 in a survey); now the row says
     internal_error, stderr names it and the scan exits 4, as batch does."""
-    import tpaudit.audit
+    import tpaudit.run.pipeline
 
     def broken(self, sizes, **kwargs):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(tpaudit.audit.Audit, "report", broken)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", broken)
     out = tmp_path / "scan.json"
     proc = run_main("scan", "--model-type", "llama", "--tp", "2", "--format", "json", "-o", str(out))
     assert proc.returncode == 4, proc.stderr
@@ -69,12 +69,12 @@ def test_scan_turns_a_bug_into_an_internal_error_row_and_exit_4(monkeypatch, tmp
 
 
 def test_batch_exits_4_when_a_line_is_an_internal_error(monkeypatch, tmp_path):
-    import tpaudit.audit
+    import tpaudit.run.pipeline
 
     def broken(self, sizes, **kwargs):
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(tpaudit.audit.Audit, "report", broken)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", broken)
     listing = tmp_path / "list.txt"
     listing.write_text(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz") + "\n")
     out = tmp_path / "out.jsonl"

@@ -1,4 +1,4 @@
-"""`ModelFacts` (read once at build time, `tpaudit/facts.py`) and what the one vocabulary table lets the checks and the
+"""`ModelFacts` (read once at build time, `tpaudit/metamodel/facts.py`) and what the one vocabulary table lets the checks and the
 KV-cache section judge. Expected values come from the configs (config.json, transformers' own config fields) and from
 shapes, by hand."""
 
@@ -22,8 +22,9 @@ def test_facts_are_transformers_answers_for_gemma4_global_layers(fixture_path):
     """Gemma-4-31B-it: config.json's text_config has 60 layers in a 5 sliding : 1 full pattern, 16 KV heads of 256 and,
     for the full ("global") layers, `num_global_key_value_heads` 4 and `global_head_dim` 512: the per-layer facts are
     what transformers' `get_head_shapes` makes of them, read once at build time."""
-    from tpaudit.audit import Audit
-    from tpaudit.build import BuildOptions
+    from tpaudit.metamodel import BuildOptions
+    from tpaudit.metamodel import vocabulary as V
+    from tpaudit.run.pipeline import Audit
     from tpaudit.sources import open_source
 
     text = read_json_any(FIXTURES / "gemma-4-31b-it.snapshot.json.gz")["config"]["text_config"]
@@ -37,14 +38,14 @@ def test_facts_are_transformers_answers_for_gemma4_global_layers(fixture_path):
     assert len(expected) == text["num_hidden_layers"] == 60
     assert facts.modules is built.modules and facts.quant is None and facts.notes == ()
     # a value only the raw config.json names (transformers folds it into the per-layer configs) is still named
-    assert facts.attribute_for(__import__("tpaudit.vocabulary").vocabulary.KV_HEADS, 4, text) == \
+    assert facts.attribute_for(V.KV_HEADS, 4, text) == \
         ("num_global_key_value_heads", 4)
 
 
 def test_quantization_layout_is_a_fact_of_the_build(fixture_path):
     """Qwen3-30B-A3B-FP8's config.json: `quant_method` fp8 with `weight_block_size` [128, 128]."""
-    from tpaudit.audit import Audit
-    from tpaudit.facts import QuantScheme
+    from tpaudit.run.pipeline import Audit
+    from tpaudit.metamodel.facts import QuantScheme
     from tpaudit.sources import open_source
 
     qc = read_json_any(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")["config"]["quantization_config"]
@@ -72,7 +73,7 @@ def test_tpa102_judges_deepseek_v4_kv_proj():
     saw it and the KV section counted the whole head on each rank. The compressor's own `kv_proj` below it is not the
     layer's key projection."""
     import tpaudit
-    from tpaudit.kvcache import key_projections
+    from tpaudit.shard.kvcache import key_projections
 
     config = _deepseek_v4()
     assert config.num_key_value_heads == 1 and config.head_dim == 64

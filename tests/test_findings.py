@@ -183,7 +183,7 @@ def test_every_rule_has_a_catalogue_entry():
 
 def test_missing_checkpoint_tensor(tmp_path):
     from tpaudit.sources import open_source
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
     import dataclasses
 
     src = open_source(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"))

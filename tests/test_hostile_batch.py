@@ -137,7 +137,7 @@ def test_a_cache_entry_that_is_not_a_small_regular_file_is_a_miss(tmp_path, kind
     import subprocess
     import sys
 
-    from tpaudit.batching import ResultCache
+    from tpaudit.run.batch import ResultCache
 
     cache = ResultCache(str(tmp_path / "cache"))
     key = "ab" * 32
@@ -145,7 +145,7 @@ def test_a_cache_entry_that_is_not_a_small_regular_file_is_a_miss(tmp_path, kind
     made = Path(special(tmp_path, kind))
     made.rename(cache.path(key)) if kind != "devzero" else cache.path(key).symlink_to("/dev/zero")
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d)); "
-            "from tpaudit.batching import ResultCache; print(ResultCache(sys.argv[1]).get(sys.argv[2]))"
+            "from tpaudit.run.batch import ResultCache; print(ResultCache(sys.argv[1]).get(sys.argv[2]))"
             % (CAP, CAP))
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache"), key], capture_output=True,
                           text=True, timeout=SECONDS)
@@ -283,7 +283,7 @@ def test_compare_lines_are_schema_checked(tmp_path, listing, change, words):
 
 
 def test_a_path_with_space_hash_stays_whole(tmp_path):
-    from tpaudit.batching import parse_list
+    from tpaudit.run.batch import parse_list
 
     model = small_model(tmp_path / "fine-tune #3")
     refs = parse_list([f"{model}", f"{model}   # the third fine-tune", "org/name # a comment", "#org/other",

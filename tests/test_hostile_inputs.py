@@ -102,7 +102,7 @@ def run_limited(*args: str, env: dict | None = None, memory: int = 1 << 30, time
 def sparse_llama(directory: Path, single_file: bool = False) -> list[Path]:
     """Llama-3.1-8B-Instruct's real headers as a sparse checkpoint (16 GB apparent, no data blocks)."""
     from tpaudit.sources import open_source
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     source = open_source(str(LLAMA))
     if single_file:  # forget the recorded shard files: everything packs into one file
@@ -421,7 +421,7 @@ def test_baseline_items_without_code_or_target(tmp_path, doc, words):
 
 @pytest.mark.parametrize("runs", [5, [5], [{"results": 5}], [{"results": [5, {"partialFingerprints": 3}]}]])
 def test_malformed_sarif_baseline_accepts_nothing(tmp_path, runs):
-    from tpaudit.baseline import load_baseline
+    from tpaudit.run.baseline import load_baseline
 
     path = tmp_path / "baseline.sarif"
     path.write_text(json.dumps({"version": "2.1.0", "runs": runs}))

@@ -27,7 +27,7 @@ QWEN_TP4_EXIT = 1
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
     from tpaudit.sources import open_source
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     directory = tmp_path_factory.mktemp("qwen")
     shards = write_sparse_checkpoint(open_source(str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")),

@@ -226,7 +226,7 @@ def test_batch_summaries_are_inert(batch_files, fmt):
 # scan: rows come from transformers' registry, so the renderers get a hand-made report
 # ----------------------------------------------------------------------------------------------------------------------
 def _scan_report():
-    from tpaudit.scan import ScanReport, ScanResult
+    from tpaudit.run.scan import ScanReport, ScanResult
 
     rows = [ScanResult("evil" + HOSTILE, "build_failed", reason="ValueError: " + HOSTILE),
             ScanResult("ok" + HOSTILE, "ok", architecture="A" + HOSTILE, total_param_bytes=100, replicated_bytes=50,

@@ -23,7 +23,7 @@ WITH_TENSORS = sorted(p.name.removesuffix(".snapshot.json.gz") for p in FIXTURES
 
 def _renamer(ref: str):
     """The loader's renaming of one key for the model of `ref` (built by tpaudit on the meta device)."""
-    from tpaudit.audit import Audit
+    from tpaudit.run.pipeline import Audit
     from tpaudit.compat import backend
     from tpaudit.sources import open_source
 
@@ -35,7 +35,7 @@ def _renamer(ref: str):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("kimi-k2.5", "deepseek-v3") else n
                                   for n in WITH_TENSORS])  # per-key mapping of 200k / 92k keys: outside the fast loop
 def test_family_mapping_equals_per_key_mapping_on_every_fixture(name):
-    from tpaudit.mapping import rename_all
+    from tpaudit.metamodel.mapping import rename_all
 
     source, rename = _renamer(str(FIXTURES / f"{name}.snapshot.json.gz"))
     assert source.tensors is not None
@@ -48,7 +48,7 @@ def test_family_mapping_equals_per_key_mapping_on_every_fixture(name):
 def test_family_mapping_on_the_cases_checkpoints(tmp_path):
     from test_cases import materialise
 
-    from tpaudit.mapping import rename_all
+    from tpaudit.metamodel.mapping import rename_all
 
     for case in ("06-mixtral-stale-rules-after-moe-refactor", "10-fp8-qwen3-vl-moe-expert-scales-ep",
                  "11-compressed-tensors-weight-shape-g-idx-sharded"):
@@ -63,7 +63,7 @@ def test_an_index_dependent_renaming_is_renamed_key_by_key():
     read off one key would put every other key in the wrong layer. The check on further members catches it."""
     from transformers.core_model_loading import Inkling2IndexOffsetWeightRename, WeightRenaming, rename_source_key
 
-    from tpaudit.mapping import rename_all
+    from tpaudit.metamodel.mapping import rename_all
 
     renamings = [Inkling2IndexOffsetWeightRename(source_patterns=r"attn_res\.attn_queries\.(\d+)",
                                                  target_patterns=r"layers.\1.attention_input.query", offset=1),
@@ -83,7 +83,7 @@ def test_an_index_dependent_renaming_is_renamed_key_by_key():
 def test_a_layer_pair_collapse_is_renamed_key_by_key():
     """A renaming where checkpoint layers 2i and 2i+1 become layer i (transformers 5.24's `LayerPairCollapse` for
     dory): the index of the runtime name is not one of the checkpoint's."""
-    from tpaudit.mapping import rename_all
+    from tpaudit.metamodel.mapping import rename_all
 
     def rename(key):
         parts = key.split(".")

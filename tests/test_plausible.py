@@ -1,4 +1,4 @@
-"""A config that makes no model is bad input (`tpaudit/plausible.py`): exit 2 with one line naming the attribute, never
+"""A config that makes no model is bad input (`tpaudit/metamodel/plausible.py`): exit 2 with one line naming the attribute, never
 a report that passes and never an internal error. transformers' own default configs all pass the same rules."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_every_default_config_of_the_installed_transformers_passes():
 
     from tpaudit.compat import backend
     from tpaudit.errors import ConfigError
-    from tpaudit.plausible import check_plausible
+    from tpaudit.metamodel.plausible import check_plausible
 
     tf = backend()
     refused = {}

@@ -270,7 +270,7 @@ def test_suggest_keeps_split_quantization_metadata_whole():
     re-simulates (no error left), and gives them with full keys as `DistributedConfig(tp_plan=...)` overrides, which
     transformers' own plan resolution accepts (a report with those overrides has no error either)."""
     from tpaudit.model import ParallelSizes
-    from tpaudit.audit import Audit, CheckRequest
+    from tpaudit.run.pipeline import Audit, CheckRequest
 
     audit = Audit.open(str(FIXTURES / "llama-3.1-70b-w8a16.snapshot.json.gz"))
     report = audit.check(CheckRequest(ParallelSizes.of(8), suggest="always"))

@@ -58,7 +58,7 @@ def test_cli_params_option():
 
 def test_scan_table():
     from tpaudit.report.scan import render_terminal
-    from tpaudit.scan import ScanReport, ScanResult
+    from tpaudit.run.scan import ScanReport, ScanResult
 
     rows = [ScanResult("alpha", "ok", "AlphaForCausalLM", total_param_bytes=4 * 2**30, worst_rank_param_bytes=2**30,
                        replicated_bytes=2**30, replicated=[{"name": "model.layers.*.mlp.x.weight", "bytes": 2**30,

@@ -50,7 +50,7 @@ def _edited_snapshot(name: str, case: dict, tmp: Path) -> str:
 @functools.lru_cache(maxsize=None)
 def _audit(model: str, edits: str, tmp: str):
     """One built model per (model, edits) for the whole module (each case then only re-simulates)."""
-    from tpaudit.audit import Audit
+    from tpaudit.run.pipeline import Audit
     from tpaudit.sources import open_source
 
     case = json.loads(edits)

@@ -150,7 +150,7 @@ def sampled_scan(tmp_path_factory):
 @pytest.mark.slow
 def test_scan_html_is_self_contained(sampled_scan):
     from tpaudit.report.scan import render_html
-    from tpaudit.scan import COMPONENTS, ScanReport, ScanResult
+    from tpaudit.run.scan import COMPONENTS, ScanReport, ScanResult
 
     doc = sampled_scan
     report = ScanReport(doc["tp_size"], [ScanResult.from_json(m) for m in doc["models"]], doc["versions"],
@@ -169,7 +169,7 @@ def test_full_scan_is_a_survey_that_exits_0_and_covers_every_model_type(monkeypa
     """Without --model-type the scan visits every key of transformers' CONFIG_MAPPING once and exits 0 (a survey),
     even when rows have error findings. Each row is stubbed here (one real row costs ~0.1 s; the whole zoo is the
     benchmark's job): what is under test is the selection, the counts and the exit code."""
-    import tpaudit.scan as scan_module
+    import tpaudit.run.scan as scan_module
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     seen = []
@@ -196,7 +196,7 @@ def test_default_configs_that_do_not_build_say_why_without_advice_for_a_user_con
     """gemma3n_text gives intermediate_size per layer (a list): it builds. gemma4_assistant's default config fails
     transformers' own validator, whose reason is on the message's second line; it is the type's default config, so
     no "Fix the config" advice."""
-    from tpaudit.scan import scan_one
+    from tpaudit.run.scan import scan_one
 
     ok = scan_one("gemma3n_text", 4, "off")
     assert ok.status == "ok" and ok.total_param_bytes > 0

@@ -151,7 +151,7 @@ def _toy_map():
 
 
 def test_training_states_by_hand_on_a_toy_shard_map():
-    from tpaudit.training import TrainingSetup, frozen_families, rank_training
+    from tpaudit.sizing.training import TrainingSetup, frozen_families, rank_training
 
     sm = _toy_map()
     # trainable local elements per rank: embed 12 / 8, norm 4, bias fp32 3, fp8 bias 4, experts 36; the fp8 weight,
@@ -175,7 +175,7 @@ def test_training_states_by_hand_on_a_toy_shard_map():
 
 
 def test_training_optimizer_variants_by_hand():
-    from tpaudit.training import TrainingSetup, rank_training
+    from tpaudit.sizing.training import TrainingSetup, rank_training
 
     sm = _toy_map()
     # sgd: one momentum buffer; fp32 gradients; no master weights
@@ -206,7 +206,7 @@ def test_adafactor_elements_follow_transformers_adafactor():
     import torch
     from transformers.optimization import Adafactor
 
-    from tpaudit.training import optimizer_elements
+    from tpaudit.sizing.training import optimizer_elements
 
     shapes = [(6, 5), (4, 3, 7), (9,), (2, 3, 4, 5)]
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
@@ -226,7 +226,7 @@ def test_adafactor_elements_follow_transformers_adafactor():
 
 
 def test_training_setup_rejects_unknown_values():
-    from tpaudit.training import TrainingSetup
+    from tpaudit.sizing.training import TrainingSetup
 
     for kwargs in ({"optimizer": "adam"}, {"grad_dtype": "int8"}, {"optimizer_dtype": "float128"},
                    {"activation_budget_bytes": -1}):
@@ -262,7 +262,7 @@ def test_training_qwen3_vl_tp4_shipped_and_pre_fix_plans():
     from conftest import CASES, snapshot_tensors
     from test_check_real_models import QWEN3_VL_SPLITS_PRE_FIX, QWEN3_VL_SPLITS_SHIPPED
 
-    from tpaudit.training import TrainingSetup
+    from tpaudit.sizing.training import TrainingSetup
 
     tensors = snapshot_tensors("qwen3-vl-30b-a3b-instruct")
     assert {d for _, d, _ in tensors} == {"BF16"}
@@ -290,7 +290,7 @@ def test_training_uneven_granite_tp5_adamw_and_adafactor():
     """granite at tp 5: torch.chunk gives ranks 0-3 the larger shards, so rank 0 carries the most states."""
     from conftest import CASES, chunk
 
-    from tpaudit.training import TrainingSetup
+    from tpaudit.sizing.training import TrainingSetup
 
     c = json.loads((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
     h, inter, L, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
@@ -321,7 +321,7 @@ def test_training_fp8_experts_with_ep(tmp_path):
     from conftest import CASES, read_json_any
     from test_cases import materialise
 
-    from tpaudit.training import TrainingSetup
+    from tpaudit.sizing.training import TrainingSetup
 
     case = "10-fp8-qwen3-vl-moe-expert-scales-ep"
     spec = read_json_any(CASES / case / "tensors.json.gz")
@@ -352,7 +352,7 @@ def test_training_fp8_experts_with_ep(tmp_path):
 def test_training_ep_adafactor_on_expert_shards():
     """qwen3-30b-a3b at tp 4 / ep 4: each rank holds 32 whole experts [32, 2I, H], so Adafactor keeps
     32 x (2I + H) row + column statistics per expert tensor, not the TP figure."""
-    from tpaudit.training import TrainingSetup
+    from tpaudit.sizing.training import TrainingSetup
 
     c = config_of("qwen3-30b-a3b")
     h, L, vocab, E, I = (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["num_experts"],

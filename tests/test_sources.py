@@ -14,7 +14,7 @@ LLAMA = FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"
 
 def test_local_sparse_checkpoint_matches_snapshot(tmp_path):
     from tpaudit.sources import open_source
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     snap = open_source(str(LLAMA))
     shards = write_sparse_checkpoint(snap, tmp_path / "llama")
@@ -35,7 +35,7 @@ def test_sparse_headers_read_by_safetensors(tmp_path):
     from safetensors import safe_open
 
     from tpaudit.sources import open_source
-    from tpaudit.sparse import write_sparse_checkpoint
+    from tpaudit.sources.sparse import write_sparse_checkpoint
 
     shards = write_sparse_checkpoint(open_source(str(LLAMA)), tmp_path / "m")
     expected = {n: list(s) for n, _, s in snapshot_tensors("llama-3.1-8b-instruct")}

@@ -1,4 +1,4 @@
-"""The one vocabulary table (`tpaudit/vocabulary.py`) against the installed transformers.
+"""The one vocabulary table (`tpaudit/metamodel/vocabulary.py`) against the installed transformers.
 
 "Every attribute transformers uses for a role is known to the table", mechanically: take the text config of every
 model type whose text config declares a `base_model_tp_plan` (the models transformers can shard, whose facts the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tpaudit import vocabulary as V
+from tpaudit.metamodel import vocabulary as V
 
 
 def _known(name: str, aliases: dict[str, str]) -> bool:

@@ -4,7 +4,7 @@ Python API (imports torch and transformers on first use, not at `import tpaudit`
 
 - `tpaudit.check(model, tp_size=..., ep_size=1, plan=None, revision=None) -> Report`
 - `tpaudit.batch(models, tp_sizes=..., ep_sizes=(1,), jobs=1, executor="local") -> Iterator[BatchResult]`: many
-  models at several sizes, cached and parallel (see `tpaudit.batching` for the cache and executors).
+  models at several sizes, cached and parallel (see `tpaudit.run.batch` for the cache and executors).
 - `tpaudit.strict_tp(...)`: a context manager / decorator that makes `from_pretrained(..., distributed_config=...)`
   raise `ReplicatedWeightsError` before any weight is read when the plan would leave weights replicated.
 """
@@ -25,11 +25,11 @@ def __getattr__(name: str):
 
         return check
     if name in ("batch", "BatchResult"):
-        from . import batching
+        from .run import batch as batching
 
         return getattr(batching, name)
     if name == "strict_tp":
-        from .guard import strict_tp
+        from .verify.guard import strict_tp
 
         return strict_tp
     if name in ("Report", "Finding"):

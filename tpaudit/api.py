@@ -22,8 +22,8 @@ def _source_from_config(config) -> ModelSource:
 def payload_audit(payload: dict):
     """An `Audit` of a model described by `compat.backend().model_payload` (rebuilt on the meta device with its
     config, class and merged plans), for the guard's worker."""
-    from .audit import Audit
-    from .build import BuildOptions
+    from .run.pipeline import Audit
+    from .metamodel import BuildOptions
 
     source = ModelSource(ref=f"<{payload['architecture']} object>", kind="local", config=payload["config"],
                          notes=("model object: rebuilt on the meta device from its config, class and merged plans",))
@@ -77,8 +77,8 @@ def check(model: Any, *, tp_size: int, ep_size: int = 1, plan: dict[str, str] | 
         tpaudit.errors.ModelReferenceError: no/such/path.json does not exist and is not a Hub id (org/name). ...
         ```
     """
-    from .audit import Audit, CheckRequest
-    from .build import BuildOptions, load_plan_file, validate_plan
+    from .run.pipeline import Audit, CheckRequest
+    from .metamodel import BuildOptions, load_plan_file, validate_plan
     from .compat import backend
 
     sizes = ParallelSizes.of(tp_size, ep_size)

@@ -1,5 +1,5 @@
 """Shared reading of the shard map for the dimension, layout and quantization checks: the role of a projection (by
-the leaf names of `tpaudit.vocabulary`), the logical axis a style splits, each rank's logical shard size, and the
+the leaf names of `tpaudit.metamodel.vocabulary`), the logical axis a style splits, each rank's logical shard size, and the
 quantized linear maps (the checkpoint's scheme is a fact of the build: `ctx.facts.quant`)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from .. import vocabulary as V
+from ..metamodel import vocabulary as V
 from ..compat.logic import linear_styles, style_axis
 from ..model import ParamShard
 
-# Leaf names by the role of the projection (the table: `tpaudit.vocabulary`).
+# Leaf names by the role of the projection (the table: `tpaudit.metamodel.vocabulary`).
 Q_LEAVES = V.leaves_of(V.QUERY, V.MLA_KV_UP)        # split per attention head (query side; MLA's kv_b_proj too)
 KV_LEAVES = V.leaves_of(V.KEY, V.VALUE, V.FUSED_KV)  # split per KV head (TPA102)
 FUSED_QKV_LEAVES = V.leaves_of(V.FUSED_QKV)
@@ -57,7 +57,7 @@ def role(p: ParamShard) -> str | None:
     return None
 
 
-from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES  # noqa: E402
+from ..metamodel.mapping import QUANT_LEAVES, QUANT_SUFFIXES  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import difflib
 from collections import defaultdict
 from typing import Iterable
 
-from .. import vocabulary as V
-from ..mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
+from ..metamodel import vocabulary as V
+from ..metamodel.mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
 from ..model import Finding, FindingSubject, ParamGroup, why_unsharded
 from .registry import CheckContext, rule
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-from .. import vocabulary as V
+from ..metamodel import vocabulary as V
 from ..model import Finding, ParamGroup
 from ._shapes import chunk, is_quant_companion, leaf_module, role
 from .registry import CheckContext, rule
@@ -165,7 +165,7 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
     transformers `distributed/tensor_parallel.py` (`get_kv_heads_per_rank`), `configuration_utils.py`
     (`get_head_shapes`), `generation/utils.py` (`_get_static_cache_init_shape`); tenstorrent/tt-xla#4881.
     """
-    from ..kvcache import key_projections, kv_layers
+    from ..shard.kvcache import key_projections, kv_layers
 
     tp = ctx.shard_map.tp_size
     if tp <= 1:

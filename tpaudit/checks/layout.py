@@ -7,7 +7,7 @@ import dataclasses
 from typing import Iterable
 
 from ..model import Finding, ParityResult, SplitOutput
-from .. import vocabulary as V
+from ..metamodel import vocabulary as V
 from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_logical, quant_units
 from .registry import CheckContext, rule
 
@@ -238,7 +238,7 @@ def _explained_by_head_counts(ctx: CheckContext, blamed: str | None) -> bool:
     """The divergence is a head split that TPA101/TPA102 already report from the config: the blamed module is a key
     projection of a layer whose KV heads `tp_size` does not divide, or a query/output projection while the attention
     heads do not divide. One problem, one finding."""
-    from ..kvcache import key_projections, kv_layers
+    from ..shard.kvcache import key_projections, kv_layers
     from ._shapes import role
 
     blamed = blamed or ""

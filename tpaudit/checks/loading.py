@@ -1,5 +1,5 @@
 """TPA304: the load itself fails on some rank, decided by running transformers' own shard-on-read and converter
-operations for every rank (`tpaudit.loading`)."""
+operations for every rank (`tpaudit.shard.load`)."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
 
 def _lost_on_load(ctx: CheckContext, scheme) -> Iterable[Finding]:
     """Metadata that is not a parameter but a checkpoint tensor a converter reads (the per-expert `weight_shape` of
-    compressed-tensors experts merged into fused experts): the load simulation (`tpaudit.loading`) saw what each rank
+    compressed-tensors experts merged into fused experts): the load simulation (`tpaudit.shard.load`) saw what each rank
     receives of it, and what the quantizer's operation made of the rank's pieces."""
     from ..units import ranks_text
 

@@ -184,7 +184,7 @@ class CheckContext:
         plan (`ResolvedPlan`), shard_map (`ShardMap`).
         options (`CheckOptions`).
         parity (`ParityResult`, *optional*): the sharded forward's verdict, when it ran.
-        load (`LoadSection`, *optional*): what transformers' own load does on every rank (`tpaudit.loading`);
+        load (`LoadSection`, *optional*): what transformers' own load does on every rank (`tpaudit.shard.load`);
             `None` for a config-only source.
     """
 
@@ -265,7 +265,7 @@ class CheckContext:
     def in_decoder_layers(self, p: ParamShard) -> bool:
         """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`, or another name of
         `vocabulary.DECODER_LAYERS`)."""
-        from ..vocabulary import DECODER_LAYERS
+        from ..metamodel.vocabulary import DECODER_LAYERS
 
         prefix = self.text_prefix + "." if self.text_prefix else ""
         rest = "." + p.name[len(prefix):]

@@ -154,7 +154,7 @@ def batch(
     --strict: also a model that could not be read), 2 bad usage or input (LIST, sizes, --plan, --compare, Ray
     missing), 4 some line hit a tpaudit bug (its line says internal error).
     """
-    from .. import batching as core
+    from ..run import batch as core
     from ..errors import UsageError
     from ..report import get
     from ._output import emit

@@ -67,8 +67,8 @@ def check(
 
     Exit codes: 0 no error finding, 1 at least one, 2 bad input (one line on stderr), 4 a tpaudit bug.
     """
-    from ..audit import Audit, CheckRequest
-    from ..build import BuildOptions, load_plan_file
+    from ..run.pipeline import Audit, CheckRequest
+    from ..metamodel import BuildOptions, load_plan_file
     from ..checks.registry import CheckOptions
     from ..errors import UsageError
     from ..model import ParallelSizes
@@ -86,7 +86,7 @@ def check(
         raise UsageError("--write-plan needs --suggest. Add --suggest")
     accepted = None
     if baseline is not None:
-        from ..baseline import load_baseline
+        from ..run.baseline import load_baseline
 
         accepted = load_baseline(baseline)
     progress = format == "table" and output is None and sys.stdout.isatty()

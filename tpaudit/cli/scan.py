@@ -35,7 +35,7 @@ def scan(
     failed to build, 2 bad input, 4 a tpaudit bug while scanning some model type (its row says internal_error).
     """
     from ..report import get
-    from ..scan import scan as run_scan
+    from ..run.scan import scan as run_scan
     from ._output import emit
 
     from ..model import ParallelSizes

@@ -38,7 +38,7 @@ def _training_setup(training: bool, optimizer: str, master_weights: bool, grad_d
         UsageError: a training flag without `--training`, an unknown optimizer or dtype, a bad byte size.
     """
     from ..errors import UsageError
-    from ..training import OPTIMIZERS, STATE_DTYPE_BYTES, TrainingSetup
+    from ..sizing.training import OPTIMIZERS, STATE_DTYPE_BYTES, TrainingSetup
     from ..units import parse_bytes
 
     if not training:
@@ -112,9 +112,9 @@ def size(
 
     Exit codes: 0 an option fits (recommended), 1 none fits, 2 bad input.
     """
-    from ..build import load_plan_file
+    from ..metamodel import load_plan_file
     from ..errors import UsageError
-    from ..gpus import GPU_MEMORY_MIB, gpu_memory_bytes
+    from ..sizing.gpus import GPU_MEMORY_MIB, gpu_memory_bytes
     from ..sizing import parse_overhead, size_model
     from ..sources import open_source
     from ..units import parse_bytes

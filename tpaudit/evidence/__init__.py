@@ -9,7 +9,7 @@ check runs the forward instead:
 
 1. **A small model of the same architecture** (`small_model.py`): the same model class and plan, the same head and
    KV-head counts and layer-type pattern, one decoder layer of each kind, every width scaled down so that each split
-   keeps its structure. Config attribute names: `tpaudit/vocabulary.py`, the one table of them.
+   keeps its structure. Config attribute names: `tpaudit/metamodel/vocabulary.py`, the one table of them.
 2. **The suspects** (`trace.py`, `split_outputs`): one traced forward of the small unsharded model records where the
    model cuts a split output into parts.
 3. **The sharded run** (`ranks.py`, `run.py`: `run_parity`): the small model loaded with `from_pretrained(dir,

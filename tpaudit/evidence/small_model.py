@@ -4,7 +4,7 @@ split `tp_size` makes keeps its structure, one decoder layer of each kind in the
 Random weights from a fixed seed, float32, CPU, eager attention and eager experts, written with `save_pretrained` to
 a temporary directory in the layout the real checkpoint stores (the loader slices what the checkpoint stores:
 per-expert `gate_proj` / `up_proj` tensors split by a plain `colwise` still give each rank its share of both once
-fused, a stored fused `gate_up_proj` is cut in the middle). Config attribute names come from `tpaudit.vocabulary`,
+fused, a stored fused `gate_up_proj` is cut in the middle). Config attribute names come from `tpaudit.metamodel.vocabulary`,
 the one table of them.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 from ..compat import parity as seam
 from ..compat.logic import generic_name
 from ..errors import ConfigError, UsageError
-from .. import vocabulary as V
+from ..metamodel import vocabulary as V
 
 # The kernels on both sides: float32 eager attention, and the eager expert loop for tensor parallelism (the
 # grouped-matmul experts need 16-byte-aligned strides that small or uneven CPU shards do not have). Expert parallelism
@@ -153,7 +153,7 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
       and 256 of them cost DeepSeek-V3's check seconds for no more evidence than 16 give.
 
     The layer count is not changed here (`build_small_model` keeps one layer of each kind). Attribute names:
-    `tpaudit.vocabulary`.
+    `tpaudit.metamodel.vocabulary`.
 
     Args:
         config_dict (`dict`): `PretrainedConfig.to_dict()` of the (text) config.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import vocabulary as V
+from ..metamodel import vocabulary as V
 from ..model import ParityResult, RuleVerdict
 from .cache import NOT_NEEDED, digest, open_cache
 from .cache import inputs as cache_inputs
@@ -156,7 +156,7 @@ def head_limited(built, shard_map, tp_size: int) -> dict[str, str]:
 
     Source: the KV-cache section's key projections and per-layer KV heads (`kvcache.key_projections`, `kv_layers`,
     from transformers' `get_head_shapes`), the attention heads of the model's facts."""
-    from ..kvcache import key_projections, kv_layers
+    from ..shard.kvcache import key_projections, kv_layers
     from .small_model import layer_tail
 
     if tp_size <= 1:

@@ -11,7 +11,7 @@ LoadIssueKind = Literal["raises", "shape", "metadata_lost"]
 @dataclass(frozen=True)
 class LoadIssue:
     """Something transformers' own load does wrong with one parameter family on some ranks, found by running its
-    shard-on-read and converter operations for those ranks (`tpaudit.loading`).
+    shard-on-read and converter operations for those ranks (`tpaudit.shard.load`).
 
     Attributes:
         kind (`"raises" | "shape" | "metadata_lost"`): a step raises (the load fails); the converted local shard does
@@ -105,7 +105,7 @@ class LoadFamily:
 
 @dataclass(frozen=True)
 class LoadSection:
-    """What transformers' own load does with the checkpoint on every rank (`tpaudit.loading.simulate_load`).
+    """What transformers' own load does with the checkpoint on every rank (`tpaudit.shard.load.simulate_load`).
 
     Attributes:
         rank_stored_bytes (`tuple[int, ...]`, *optional*): checkpoint bytes each rank reads (its shards of every

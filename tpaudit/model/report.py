@@ -12,7 +12,7 @@ from .shards import ParamGroup, ShardMap
 
 @dataclass(frozen=True)
 class KVCacheSection:
-    """The KV cache a rank holds per token, layer by layer (see `kvcache.py`).
+    """The KV cache a rank holds per token, layer by layer (see `shard/kvcache.py`).
 
     Attributes:
         dtype (`str`): cache dtype; `itemsize` its bytes per element.
@@ -46,7 +46,7 @@ class KVCacheSection:
 
 @dataclass(frozen=True)
 class SuggestionSection:
-    """`--suggest`: proposed rules, re-simulated (see `suggest.py`).
+    """`--suggest`: proposed rules, re-simulated (see `plan/suggest.py`).
 
     Attributes:
         rules (`dict[str, str]`): proposed key (relative to the base model) -> style.

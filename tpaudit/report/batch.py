@@ -4,7 +4,7 @@ self-contained HTML page. They draw a `BatchSummary` and compute nothing; the JS
 
 from __future__ import annotations
 
-from ..batching import BatchResult, BatchSummary, Change
+from ..run.batch import BatchResult, BatchSummary, Change
 from . import renderer
 from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
 from ..units import format_bytes, plural, unit_legend

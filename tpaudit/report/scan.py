@@ -3,7 +3,7 @@ with a coverage heat map (no network at view time: inline CSS and a few lines of
 
 from __future__ import annotations
 
-from ..scan import COMPONENTS, ScanReport
+from ..run.scan import COMPONENTS, ScanReport
 from . import renderer
 from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
 from ..units import format_bytes, plural, shorten, unit_legend

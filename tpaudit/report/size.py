@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..sizing import SizeOption, SizeReport
-from ..training import describe
+from ..sizing.training import describe
 from ..units import format_bytes, format_int, unit_legend
 from . import renderer
 from ._inert import html as _esc, terminal as inert

@@ -17,14 +17,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .build import BuildOptions, BuiltModel, build_model
-from .checks.registry import CheckContext, CheckOptions, get_rule, run_checks
-from .evidence import gather as gather_evidence
-from .loading import decompression_note, first_forward_note, simulate_load
-from .model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
-                    total_bytes, why_unsharded)
-from .plan import ResolvedPlan, resolve_plan
-from .simulate import simulate
+from ..metamodel import BuildOptions, BuiltModel, build_model
+from ..checks.registry import CheckContext, CheckOptions, get_rule, run_checks
+from ..evidence import gather as gather_evidence
+from ..shard.load import decompression_note, first_forward_note, simulate_load
+from ..model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
+                     total_bytes, why_unsharded)
+from ..plan import ResolvedPlan, resolve_plan
+from ..shard import simulate
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Audit:
     """
 
     def __init__(self, source: ModelSource, options: BuildOptions | None = None):
-        from .compat import versions
+        from ..compat import versions
 
         self.versions = versions()
         self.source = source
@@ -81,7 +81,7 @@ class Audit:
             ModelReferenceError, HubError, UsageError: the reference cannot be read (see `sources.open_source`).
             UnsupportedVersionError, ConfigError, PlanError: see `build.build_model`.
         """
-        from .sources import open_source
+        from ..sources import open_source
 
         return cls(open_source(ref, revision=revision, token=token, progress=progress), options)
 
@@ -95,7 +95,7 @@ class Audit:
         report = self.report(request.sizes, options=request.options, dist_overrides=request.dist_overrides,
                              parity=request.parity, plan_path=request.plan_path)
         if request.suggest == "always" or (request.suggest == "on_errors" and report.has_errors):
-            from .suggest import with_suggestion
+            from ..plan.suggest import with_suggestion
 
             report = with_suggestion(self, report, request.sizes, options=request.options,
                                      dist_overrides=request.dist_overrides)
@@ -161,7 +161,7 @@ class Audit:
 def _kv(built: BuiltModel, shard_map):
     import torch
 
-    from .kvcache import kv_section
+    from ..shard.kvcache import kv_section
 
     itemsize = torch.empty((), dtype=getattr(torch, built.dtype)).element_size()
     return kv_section(built.facts, shard_map, built.text_prefix, built.dtype, itemsize)
@@ -291,8 +291,8 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 def _quoted_lines(path: str) -> dict[str, int]:
     """Every quoted string of a JSON file (a rule key, an attribute name) -> the first line it appears on: one pass,
     so locating any number of findings stays linear. Empty for an unreadable or gzip file."""
-    from .errors import TpauditError
-    from .sources.files import read_capped
+    from ..errors import TpauditError
+    from ..sources.files import read_capped
 
     try:  # a regular file, capped: it was read (and checked) before, but may have been swapped since
         raw = read_capped(path, "file", 64 << 20)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
-from ..errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
+from ...errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
 from .cache import ResultCache, _key_of, installed_versions, key_inputs, model_sha256, plan_sha256
 from .lines import BatchResult
 from .model_list import ModelRef, parse_model_ref
@@ -49,9 +49,9 @@ def _error_line(model: str, tp: int, ep: int, error: BaseException, seconds: flo
 def _reports(source, pairs: Sequence[tuple[int, int]], options: TaskOptions) -> Iterator[tuple[int, int, Any]]:
     """The one call into the analysis pipeline: the model is built once (`audit.Audit`), then every (tp_size,
     ep_size) is resolved and simulated from that build; yields `(tp, ep, Report)` or `(tp, ep, exception)`."""
-    from ..audit import Audit
-    from ..build import BuildOptions
-    from ..model import ParallelSizes
+    from ..pipeline import Audit
+    from ...metamodel import BuildOptions
+    from ...model import ParallelSizes
 
     try:
         audit = Audit(source, BuildOptions(plan_override=options.plan, dtype=options.dtype))
@@ -71,7 +71,7 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
     """Audit one model at every (tp_size, ep_size) of `pairs`, opening its source once.
 
     Each line comes from the cache when `options.cache_dir` holds its key (and `options.read_cache`), else from the
-    pipeline (`tpaudit.audit.Audit`: built once, transformers' own plan resolution and TP code on the meta device), and
+    pipeline (`tpaudit.run.pipeline.Audit`: built once, transformers' own plan resolution and TP code on the meta device), and
     is then stored in the cache.
 
     Args:
@@ -94,7 +94,7 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
     if ref.problem:
         return [_error_line(ref.text, tp, ep, UsageError(ref.problem), 0.0) for tp, ep in pairs]
     try:
-        from ..sources import open_source
+        from ...sources import open_source
 
         source = open_source(ref.ref, revision=ref.revision, token=options.token)
         digest = model_sha256(source)
@@ -116,10 +116,10 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
                                       commit=source.commit)
     todo = [p for p in pairs if p not in lines]
     if todo:
-        from ..compat import backend
+        from ...compat import backend
 
         backend()  # raises UnsupportedVersionError: no line of this batch can be computed
-        from .. import audit  # noqa: F401  torch and transformers: once per process, not part of a line's seconds
+        from .. import pipeline as audit  # noqa: F401  torch and transformers: once per process, not part of a line's seconds
     clock = time.perf_counter()
     for tp, ep, outcome in (_reports(source, todo, options) if todo else ()):
         now = time.perf_counter()
@@ -157,7 +157,7 @@ def run_task(model: ModelRef, pairs: Sequence[tuple[int, int]], options: TaskOpt
 def _worker_init() -> None:
     # torch and transformers are imported on a worker's first audit and stay imported for the next models (a
     # batch served from the cache never imports them). The worker is tpaudit's process: its collector is tuned.
-    from .._process import tune_gc
+    from ..._process import tune_gc
 
     tune_gc()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -185,7 +185,7 @@ class WorkerStopped(TpauditError):
 def _failed_task(task: Task, failure) -> list[BatchResult]:
     """The lines of a task that returned none (`run.executor.TaskFailed`): a tpaudit bug in the worker is an
     internal error (exit code 4), a worker that stopped is `WorkerStopped` (exit code 2)."""
-    from ..run.executor import internal_error_reason
+    from ..executor import internal_error_reason
 
     ref, pairs = task
     if failure.kind == "internal":
@@ -198,7 +198,7 @@ def _failed_task(task: Task, failure) -> list[BatchResult]:
 def _run(tasks: list[Task], options: TaskOptions, jobs: int | None, executor: str, address: str | None) \
         -> Iterator[list[BatchResult]]:
     """Every task's lines, through the executor `scan` shares (`tpaudit.run.executor`)."""
-    from ..run.executor import TaskFailed, run_tasks
+    from ..executor import TaskFailed, run_tasks
 
     for (ref, pairs, _), outcome in run_tasks(run_task, [(ref, pairs, options) for ref, pairs in tasks], jobs=jobs,
                                            executor=executor, ray_address=address, initializer=_worker_init,
@@ -208,6 +208,6 @@ def _run(tasks: list[Task], options: TaskOptions, jobs: int | None, executor: st
 
 def ray_available() -> bool:
     """Whether Ray can be imported (the `ray` extra: `pip install "tpaudit[ray]"`)."""
-    from ..run.executor import ray_available as available
+    from ..executor import ray_available as available
 
     return available()

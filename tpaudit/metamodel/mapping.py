@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .model import CheckpointTensor
+from ..model import CheckpointTensor
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
 _INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
@@ -125,7 +125,7 @@ class CheckpointMapping:
         Args:
             modules (`Container[str]`): the model's module names (`named_modules()`).
         """
-        from .model import generic_name
+        from ..model import generic_name
 
         roots: dict[str, str | None] = {"": None}
 
@@ -186,7 +186,7 @@ class CheckpointMapping:
     def generic_unmapped_modules(self) -> frozenset[str]:
         """Generic names of the modules that hold unmapped tensors (each renamed key without its last part); read
         once the mapping is complete, computed once (every option of a `size` run checks the same mapping)."""
-        from .model import generic_name
+        from ..model import generic_name
 
         return frozenset(generic_name(m) for m in {r.rsplit(".", 1)[0] for _, r in self.unmapped})
 
@@ -194,7 +194,7 @@ class CheckpointMapping:
     def generic_missing_modules(self) -> frozenset[str]:
         """Generic names of the modules whose parameters no checkpoint tensor loads (TPA302's); computed once, like
         `generic_unmapped_modules`."""
-        from .model import generic_name
+        from ..model import generic_name
 
         return frozenset(generic_name(name).rsplit(".", 1)[0] for name in self.missing)
 
@@ -287,7 +287,7 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     Source: transformers 5.23 `core_model_loading.convert_and_load_state_dict_in_model` (renaming, the base-model
     prefix fallback, dtype casts, "size mismatch"), `conversion_mapping.get_model_conversion_mapping`.
     """
-    from .compat import backend
+    from ..compat import backend
 
     tf = backend()
     mapping = CheckpointMapping()
@@ -360,7 +360,7 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
 def _check_shapes(mapping: CheckpointMapping, model, tensors, by_pattern, params, renamer, tf) -> None:
     """Converted checkpoint shape vs parameter shape (the loader's "size mismatch"), once per distinct combination of
     parameter family, model shape and stored shapes: a few hundred checks for a checkpoint of any size."""
-    from .model import generic_name
+    from ..model import generic_name
 
     by_name = {t.name: t for t in tensors}
     seen: set[tuple] = set()

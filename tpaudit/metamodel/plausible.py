@@ -28,8 +28,8 @@ import math
 import re
 
 from . import vocabulary as V
-from .compat import backend
-from .errors import ConfigError
+from ..compat import backend
+from ..errors import ConfigError
 
 FIX_CONFIG = "Fix the config"  # as `build.FIX_CONFIG`
 MAX_LAYERS = 4096
@@ -39,7 +39,7 @@ MAX_WIDTH = 2**24
 MAX_COUNT = 2**20
 """Most heads or experts accepted (1,048,576): real models have up to a few hundred of either."""
 
-# The attribute names come from the one vocabulary table (`vocabulary.py`), by role. The canonical spelling of the
+# The attribute names come from the one vocabulary table (`metamodel/vocabulary.py`), by role. The canonical spelling of the
 # roles every model has must be positive when set; every other spelling (and the optional roles: shared experts, MLA
 # ranks, ...) may be 0, a part switched off.
 _REQUIRED = (V.HIDDEN, V.INTERMEDIATE, V.VOCAB, V.HEAD_DIM, V.EXPERT_INTERMEDIATE, V.ATTENTION_HEADS, V.KV_HEADS,

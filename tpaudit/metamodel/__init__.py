@@ -30,11 +30,11 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compat import ConfigReadError, ModuleFacts, QuantizationInfo, backend
-from .errors import ConfigError, PlanError, UsageError
+from ..compat import ConfigReadError, ModuleFacts, QuantizationInfo, backend
+from ..errors import ConfigError, PlanError, UsageError
 from .facts import ModelFacts, read_facts
 from .mapping import CheckpointMapping
-from .model import ModelSource
+from ..model import ModelSource
 
 # the advice of a config error (`ConfigError.fix`), apart from its reason so that `scan` can drop it for transformers'
 # own default configs
@@ -137,7 +137,7 @@ def load_plan_file(path: str) -> dict[str, str]:
     Raises:
         PlanError: not readable, not a JSON object of strings, or a style transformers does not register.
     """
-    from .sources.files import PLAN_MAX_BYTES, load_json, read_capped  # regular file, size cap, no FIFO/device
+    from ..sources.files import PLAN_MAX_BYTES, load_json, read_capped  # regular file, size cap, no FIFO/device
 
     raw = read_capped(path, "--plan file", PLAN_MAX_BYTES, lambda m: PlanError(m, path=path))
     plan = load_json(raw, "--plan file", path, lambda m: PlanError(m, path=path))
@@ -193,7 +193,7 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         ConfigError: transformers cannot build a config from it (no or unknown `model_type`, remote code needed, a
             value its validators refuse).
     """
-    from .compat import installed_version
+    from ..compat import installed_version
 
     where = source.config_path or source.ref
     model_type = source.config.get("model_type")

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _capped_lines(path: str | os.PathLike, what: str, *, max_bytes: int, max_lin
     """The lines (bytes, without the newline) of a regular file read with caps: a directory, FIFO or device is
     refused before any read (`sources.files.open_regular`), the file may hold at most `max_bytes` bytes and a line
     at most `max_line`; each is refused through `error(message)` naming the line."""
-    from ..sources.files import _human, open_regular
+    from ...sources.files import _human, open_regular
 
     f, size = open_regular(path, what, error)
     with f:

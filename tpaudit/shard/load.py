@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from .compat import LoadStepError, SourceSpec, backend
-from .model import SAFETENSORS_DTYPE_BITS, LoadFamily, LoadIssue, LoadSection, ParamShard, ShardMap, generic_name
+from ..compat import LoadStepError, SourceSpec, backend
+from ..model import SAFETENSORS_DTYPE_BITS, LoadFamily, LoadIssue, LoadSection, ParamShard, ShardMap, generic_name
 
 KEEP = 2
 """Pieces per source pattern the converter's operations run on (every expert is converted alike)."""
@@ -161,7 +161,7 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
     mesh = _mesh_size(rep, shard_map)
     renamer = mapping.renamer
     sources = mapping.sources[rep.name]
-    from .compat.loading import natural_key
+    from ..compat.loading import natural_key
 
     ordered = {pattern: sorted(ts, key=lambda t: natural_key(t.name)) for pattern, ts in sources.items()}
     by_name = {t.name: t for ts in ordered.values() for t in ts}
@@ -364,7 +364,7 @@ def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict
 def first_forward_note(load: LoadSection, unit: str = "GiB") -> str:
     """The report's note for a model compressed-tensors decompresses on its first forward pass: the worst rank's
     bytes after the load and after that pass, exact, in `unit`'s family."""
-    from .units import format_bytes
+    from ..units import format_bytes
 
     after, held = load.rank_first_forward_bytes, load.rank_resident_bytes
     worst = max(range(len(after)), key=lambda r: (after[r], -r))
@@ -377,7 +377,7 @@ def first_forward_note(load: LoadSection, unit: str = "GiB") -> str:
 def decompression_note(load: LoadSection, unit: str = "GiB") -> str:
     """The report's note for a load that decompresses quantized tensors: which parameters, by which operation, and the
     bytes the worst rank reads (stored) and holds (resident), both exact, in `unit`'s family."""
-    from .units import format_bytes
+    from ..units import format_bytes
 
     families = load.decompressed
     stored = load.rank_stored_bytes

@@ -1,7 +1,7 @@
 """`tpaudit verify`: load the model on real ranks with `from_pretrained(..., distributed_config=...)` and compare
 what each rank holds with what `check` predicts.
 
-Flow: the launcher (this process) starts `torchrun --nproc-per-node N -m tpaudit._verify_worker SPEC` (NCCL on CUDA,
+Flow: the launcher (this process) starts `torchrun --nproc-per-node N -m tpaudit.verify.worker SPEC` (NCCL on CUDA,
 gloo on CPU, where transformers picks the backend from the device), with a timeout. Each rank loads the model, writes
 its own record (per parameter: local shape, dtype, bytes, placement; its allocated memory; or the loader's error)
 to a file, and the ranks gather their records on rank 0. The launcher reads the records, runs the static prediction
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LaunchError, LoadFailedError, UsageError
+from ..errors import LaunchError, LoadFailedError, UsageError
 
 VERIFY_SCHEMA = "tpaudit/verify/v1"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -88,9 +88,9 @@ def load_and_measure(spec: dict) -> dict:
         import transformers
         from transformers.distributed import DistributedConfig
 
-        from .build import load_config, model_class
-        from .model import ModelSource
-        from .sources.local import read_config
+        from ..metamodel import load_config, model_class
+        from ..model import ModelSource
+        from ..sources.local import read_config
 
         config_path = Path(spec["path"]) / "config.json"
         source = ModelSource(ref=spec["path"], kind="local", config=read_config(config_path),
@@ -177,9 +177,9 @@ def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architectu
     """The static prediction for the directory the ranks loaded (the same checkpoint headers), for the device they
     load on: on `cpu` a quantizer that dequantizes without a GPU (FP8, MXFP4) is predicted to do so, as the ranks'
     own `validate_environment` decides; on `cuda` the quantized layout a GPU keeps."""
-    from .audit import Audit, CheckRequest
-    from .build import BuildOptions
-    from .model import ParallelSizes
+    from ..run.pipeline import Audit, CheckRequest
+    from ..metamodel import BuildOptions
+    from ..model import ParallelSizes
 
     audit = Audit.open(path, BuildOptions(dtype=dtype, architecture=architecture,
                                           trust_remote_code=trust_remote_code, gpu_view=device == "cuda"))
@@ -214,8 +214,8 @@ def prepare_model_dir(ref: str, *, zero_weights: bool, revision: str | None, tok
     Raises:
         UsageError: a snapshot or Hub id without `--zero-weights`, or a source without a tensor table.
     """
-    from .sources import classify_reference, open_source
-    from .sparse import write_sparse_checkpoint
+    from ..sources import classify_reference, open_source
+    from ..sources.sparse import write_sparse_checkpoint
 
     kind = classify_reference(ref)
     if not zero_weights:
@@ -256,7 +256,7 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # transformers picks gloo for the CPU
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(_free_port()), "-m", "tpaudit._verify_worker", str(spec_file)]
+           "127.0.0.1", "--master-port", str(_free_port()), "-m", "tpaudit.verify.worker", str(spec_file)]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)
@@ -318,12 +318,12 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
     """
     import math
 
-    from .compat import versions as installed_versions
+    from ..compat import versions as installed_versions
 
     versions = installed_versions()
     if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and 0 < timeout <= 7 * 86400):
         raise UsageError(f"--timeout {timeout} must be a positive number of seconds (at most a week)")
-    from .model import ParallelSizes
+    from ..model import ParallelSizes
 
     world = ParallelSizes.of(tp_size, ep_size).world_size
     nproc = world if nproc is None else nproc
@@ -365,7 +365,7 @@ def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, ar
     None, exit code)`."""
     import torch.distributed as dist
 
-    from .compat import versions as installed_versions
+    from ..compat import versions as installed_versions
 
     record = load_and_measure({"path": ref, "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype,
                                "architecture": architecture, "trust_remote_code": trust_remote_code})

@@ -14,7 +14,7 @@ import os
 import struct
 from pathlib import Path
 
-from .model import CheckpointTensor, ModelSource
+from ..model import CheckpointTensor, ModelSource
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # what `save_pretrained` uses by default ("5GB")
 INDEX_NAME = "model.safetensors.index.json"

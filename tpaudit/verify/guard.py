@@ -8,7 +8,7 @@ error-severity findings remain; only then does the original method run. The seam
 (`UnsupportedVersionError` when the installed transformers lacks what the guard wraps).
 
 Under torchrun the process already belongs to the real process group, and tpaudit's simulation needs a process
-group of its own, so the analysis runs in a short-lived subprocess (`python -m tpaudit._guard_worker`) that rebuilds
+group of its own, so the analysis runs in a short-lived subprocess (`python -m tpaudit.verify.guard_worker`) that rebuilds
 the model on the meta device from its config, class, merged plans and the `DistributedConfig` overrides. Every rank
 does this on its own, so every rank raises the same error and none waits in a collective.
 """
@@ -23,8 +23,8 @@ import sys
 import threading
 from typing import Iterable
 
-from .errors import ReplicatedWeightsError, TpauditError
-from .model import Finding
+from ..errors import ReplicatedWeightsError, TpauditError
+from ..model import Finding
 
 _TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
@@ -45,7 +45,7 @@ def analyse_in_subprocess(payload: dict, tp_size: int, ep_size: int, timeout: fl
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV}
     request = json.dumps({"payload": payload, "tp_size": tp_size, "ep_size": ep_size})
     try:
-        proc = subprocess.run([sys.executable, "-m", "tpaudit._guard_worker"], input=request, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "tpaudit.verify.guard_worker"], input=request, capture_output=True,
                               text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise TpauditError(f"tpaudit's analysis did not finish in {timeout:g} s") from None
@@ -96,7 +96,7 @@ class strict_tp(contextlib.ContextDecorator):
 
     def __enter__(self) -> "strict_tp":
         global _depth, _token
-        from .compat import backend
+        from ..compat import backend
 
         tf = backend()
         with _lock:
@@ -108,7 +108,7 @@ class strict_tp(contextlib.ContextDecorator):
 
     def __exit__(self, *exc) -> bool:
         global _depth
-        from .compat import backend
+        from ..compat import backend
 
         with _lock:
             _active.remove(self)
@@ -143,7 +143,7 @@ class strict_tp(contextlib.ContextDecorator):
 
 def _guarded(original, cls, model, distributed_config, mesh_manager):
     if mesh_manager is not None and distributed_config is not None:
-        from .compat import backend
+        from ..compat import backend
 
         tp_size, ep_size = backend().sizes_of(distributed_config)
         if tp_size > 1 or ep_size > 1:
@@ -152,7 +152,7 @@ def _guarded(original, cls, model, distributed_config, mesh_manager):
 
 
 def _check_before_load(model, distributed_config, tp_size: int, ep_size: int) -> None:
-    from .compat import backend
+    from ..compat import backend
 
     guard = _active[-1]
     payload = backend().model_payload(model, distributed_config)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ..errors import ExitCode
+from ...errors import ExitCode
 from .cache import installed_versions
 from .lines import BatchResult
 

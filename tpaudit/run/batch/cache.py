@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import TpauditError, UsageError
+from ...errors import TpauditError, UsageError
 from .lines import line_problem
 from .model_list import LINE_MAX_BYTES
 
@@ -27,7 +27,7 @@ def installed_versions() -> dict[str, str | None]:
     the driver can compute keys without importing torch)."""
     from importlib import metadata
 
-    from .. import __version__
+    from ... import __version__
 
     def dist(name: str) -> str | None:
         try:
@@ -135,7 +135,7 @@ class ResultCache:
             key (`str`): the key (`result_key`).
             inputs (`dict`, *optional*): what the key was made of (`key_inputs`); the entry must echo exactly these.
         """
-        from ..sources.files import load_json, read_capped
+        from ...sources.files import load_json, read_capped
 
         def refuse(message: str) -> TpauditError:
             return UsageError(message)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .errors import UsageError
-from .model import Report
+from ..errors import UsageError
+from ..model import Report
 
 
 def load_baseline(path: str) -> set[str]:
@@ -28,7 +28,7 @@ def load_baseline(path: str) -> set[str]:
             neither a tpaudit JSON report nor a SARIF log, or holds a finding without a string `code` and `target`
             (a SARIF result without tpaudit's fingerprint is skipped: other tools' results are not tpaudit's).
     """
-    from .sources.files import BASELINE_MAX_BYTES, gunzip_capped, load_json, read_capped
+    from ..sources.files import BASELINE_MAX_BYTES, gunzip_capped, load_json, read_capped
 
     error = UsageError
     raw = read_capped(path, "--baseline file", BASELINE_MAX_BYTES, error)
@@ -67,7 +67,7 @@ def load_baseline(path: str) -> set[str]:
 
 def apply_baseline(report: Report, accepted: set[str], path: str) -> Report:
     """A copy of `report` without the findings `accepted` lists; its `baseline` section says how many were dropped."""
-    from .model import BaselineSection
+    from ..model import BaselineSection
 
     kept = tuple(f for f in report.findings if f.fingerprint not in accepted)
     return dataclasses.replace(report, findings=kept,

@@ -8,10 +8,10 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from ._process import tune_gc
+    from .._process import tune_gc
 
     tune_gc()
-    from .verify import load_and_measure
+    from . import load_and_measure
 
     spec = json.loads(open(argv[0]).read())
     record = load_and_measure(spec)

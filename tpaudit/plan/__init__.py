@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from .compat import EmptyPlanError, PlanRejectedError, backend
-from .compat.logic import ep_dropped_rules, generic_name, unused_rules
-from .errors import UsageError
-from .model import ParallelSizes
+from ..compat import EmptyPlanError, PlanRejectedError, backend
+from ..compat.logic import ep_dropped_rules, generic_name, unused_rules
+from ..errors import UsageError
+from ..model import ParallelSizes
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class ResolvedPlan:
 
 
 def _parameter_rule(name: str, rules: dict[str, str]) -> str | None:
-    from .compat.logic import parameter_rule
+    from ..compat.logic import parameter_rule
 
     return parameter_rule(name, rules)
 
@@ -131,7 +131,7 @@ def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None
             accept, a removed style), quoting it.
     """
     if plan is not None:
-        from .build import validate_plan
+        from ..metamodel import validate_plan
 
         validate_plan(plan)
     tf = backend()

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .model_list import LINE_MAX_BYTES, RESULTS_MAX_BYTES, _capped_lines
 
 BATCH_SCHEMA = "tpaudit/batch/v1"
@@ -229,7 +229,7 @@ def read_results(path: str | os.PathLike, *, partial_ok: bool = False, what: str
         UsageError: the file cannot be read (missing, not a regular file, over a cap), or (unless `partial_ok`) a
             line is not a well-formed batch result.
     """
-    from ..sources.files import load_json
+    from ...sources.files import load_json
 
     def error(message: str) -> UsageError:
         return UsageError(message)

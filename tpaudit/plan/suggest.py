@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .model import FindingSubject
+from ..model import FindingSubject
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,7 +37,7 @@ def sibling_plans() -> dict[str, dict[str, str]]:
                 return cached
         except (OSError, ValueError):
             pass
-    from .compat import backend
+    from ..compat import backend
 
     tf = backend()
     mapping = tf.config_classes()
@@ -68,7 +68,7 @@ def _plans_cache_path():
     import transformers
     from huggingface_hub import constants
 
-    from .compat import installed_version
+    from ..compat import installed_version
 
     models = Path(transformers.__file__).parent / "models"
     try:
@@ -230,7 +230,7 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
     """
     import dataclasses
 
-    from .model import SuggestionSection
+    from ..model import SuggestionSection
 
     built = audit.built
     prefix = built.text_prefix + "." if built.text_prefix else ""
@@ -282,6 +282,6 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
 
 
 def _generic(name: str) -> str:
-    from .compat.logic import generic_name
+    from ..compat.logic import generic_name
 
     return generic_name(name)

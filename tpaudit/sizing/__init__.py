@@ -18,7 +18,7 @@ each rank; `max_context_tokens` is the largest integer context whose KV cache fo
 exactly as the option's `kv_cache_bytes` is (`_kv_bytes`, same rounding), fits that on every rank, capped by the text
 config's `max_position_embeddings` (`max_context_cap_tokens`).
 
-Training (`training=TrainingSetup(...)`, see `training.py`): per rank, parameters + gradients + master weights +
+Training (`training=TrainingSetup(...)`, see `sizing/training.py`): per rank, parameters + gradients + master weights +
 optimizer states + the activation budget + the same overhead, against the capacity; the recommendation is then the
 smallest valid option whose training states fit.
 
@@ -32,11 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import vocabulary as V
-from .errors import UsageError
-from .model import ModelSource
-from .training import (ACTIVATIONS_NOTE, OPTIMIZER_NOTES, PER_RANK_NOTE, RankTraining, TrainingSetup,
-                       frozen_families, rank_training)
+from ..metamodel import vocabulary as V
+from ..errors import UsageError
+from ..model import ModelSource
+from .training import (ACTIVATIONS_NOTE, OPTIMIZER_NOTES, PER_RANK_NOTE, RankTraining, TrainingSetup, frozen_families,
+                       rank_training)
 
 SIZE_SCHEMA = "tpaudit/size/v1"
 DEFAULT_CONTEXT_BYTES = 1 << 30
@@ -70,7 +70,7 @@ def parse_overhead(text: str | None) -> OverheadPolicy:
     Raises:
         UsageError: neither form.
     """
-    from .units import parse_bytes
+    from ..units import parse_bytes
 
     if text is None:
         return OverheadPolicy()
@@ -517,7 +517,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
             model's dtype.
         overhead (`OverheadPolicy`, *optional*): default 1 GiB + 8% of capacity.
         plan_override, architecture, trust_remote_code, dtype: as for `check`.
-        training (`TrainingSetup`, *optional*): also size each option's training model states (see `training.py`);
+        training (`TrainingSetup`, *optional*): also size each option's training model states (see `sizing/training.py`);
             the recommendation then follows them.
 
     Returns:
@@ -530,9 +530,9 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     """
     import torch
 
-    from .audit import Audit
-    from .build import BuildOptions
-    from .model import MAX_WORLD_SIZE, ParallelSizes
+    from ..run.pipeline import Audit
+    from ..metamodel import BuildOptions
+    from ..model import MAX_WORLD_SIZE, ParallelSizes
 
     if context < 1 or batch < 1:
         raise UsageError(f"--context {context} / --batch {batch} must be positive integers")
@@ -600,7 +600,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         if frozen:
             training_notes += (f"{len(frozen)} parameter families get no gradient or optimizer state (quantized or "
                                "integer tensors and their quantization metadata); they count as parameters only",)
-    from .compat import backend
+    from ..compat import backend
 
     ep_untried = all(ep == 1 for _, ep in pairs) and bool(backend().merged_plans(audit.built.model)[1])
     return SizeReport(model=model_info, gpu=gpu, context=context, batch=batch, kv_dtype=kv_name or "model dtype",

@@ -7,23 +7,23 @@ transformers' `configuration_utils.get_head_shapes` gives them (per-layer overri
 sizes its static cache with), the layer types (`full_attention`, `sliding_attention`, `chunked_attention`,
 `linear_attention`/`mamba` whose state does not grow with tokens) and the MLA sizes of DeepSeek-style attention, whose
 transformers cache stores every head's expanded key (`qk_nope_head_dim + qk_rope_head_dim`) and value
-(`v_head_dim`). Attribute, layer-type and module names: `tpaudit.vocabulary`.
+(`v_head_dim`). Attribute, layer-type and module names: `tpaudit.metamodel.vocabulary`.
 
 Per rank, with transformers' semantics (`distributed.tensor_parallel.get_kv_heads_per_rank`): a layer whose key
 projection is split on its output (`colwise`, `packed_colwise`) holds the rows of its shard, so `kv_heads x local
 rows / rows` heads; a key projection whose output is gathered (`colwise_gather_output`) or not sharded keeps every head
 on every rank. A layer whose key projection the vocabulary does not name is counted whole, and the build's notes say
-so (`facts.py`).
+so (`metamodel/facts.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import vocabulary as V
-from .compat.logic import style_axis, style_gathers_output
-from .facts import ModelFacts, has_attention_geometry, layer_index
-from .model import KVCacheSection
+from ..metamodel import vocabulary as V
+from ..compat.logic import style_axis, style_gathers_output
+from ..metamodel.facts import ModelFacts, has_attention_geometry, layer_index
+from ..model import KVCacheSection
 
 # Modules whose output carries a layer's keys: a separate key projection, else a fused one.
 K_LEAVES = V.leaves_of(V.KEY)

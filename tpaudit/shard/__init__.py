@@ -13,11 +13,11 @@ The model is restored afterwards, so one built model serves every option.
 
 from __future__ import annotations
 
-from .compat import PlanRejectedError, backend
-from .compat.logic import EXPLICIT_REPLICATE_STYLES, generic_name
-from .errors import UsageError
-from .model import ParamShard, ShardMap
-from .plan import ResolvedPlan
+from ..compat import PlanRejectedError, backend
+from ..compat.logic import EXPLICIT_REPLICATE_STYLES, generic_name
+from ..errors import UsageError
+from ..model import ParamShard, ShardMap
+from ..plan import ResolvedPlan
 
 
 def simulate(built, plan: ResolvedPlan) -> ShardMap:

@@ -9,13 +9,13 @@ import sys
 
 
 def main() -> int:
-    from ._process import tune_gc
+    from .._process import tune_gc
 
     tune_gc()
-    from .api import payload_audit
-    from .audit import CheckRequest
-    from .errors import format_error
-    from .model import ParallelSizes
+    from ..api import payload_audit
+    from ..run.pipeline import CheckRequest
+    from ..errors import format_error
+    from ..model import ParallelSizes
 
     try:
         request = json.loads(sys.stdin.read())

@@ -34,8 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator, Literal, Sequence
 
-from ..errors import UsageError
-from ..run.executor import RAY_INSTALL  # noqa: F401  (the CLI and the API name it here)
+from ...errors import UsageError
+from ..executor import RAY_INSTALL  # noqa: F401  (the CLI and the API name it here)
 from .cache import (  # noqa: F401
     CACHE_SCHEMA,
     ResultCache,
@@ -69,7 +69,7 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
     Raises:
         UsageError: no size given, a size below 1, or no valid pair at all.
     """
-    from ..model import MAX_WORLD_SIZE, ParallelSizes
+    from ...model import MAX_WORLD_SIZE, ParallelSizes
 
     tps, eps = list(dict.fromkeys(tp_sizes)), list(dict.fromkeys(ep_sizes))
     if not tps or not eps:
@@ -84,7 +84,7 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
                 continue
             try:
                 ParallelSizes.of(tp, ep, names=("--tp", "--ep"))
-                from ..compat import PlanRejectedError, backend
+                from ...compat import PlanRejectedError, backend
 
                 backend().distributed_config(tp, ep)
             except UsageError as e:
@@ -138,7 +138,7 @@ def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes
     """
     import multiprocessing
 
-    from ..compat import require_installed
+    from ...compat import require_installed
 
     if jobs is not None and jobs > 1 and getattr(multiprocessing.current_process(), "_inheriting", False):
         raise UsageError("tpaudit.batch(..., jobs=%d) was called while a worker process was starting: the calling "
@@ -159,11 +159,11 @@ def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes
     require_installed()  # the full probe (an import of transformers) waits for the first line not in the cache
     pairs, _ = size_pairs(tp_sizes, ep_sizes)
     if isinstance(plan, (str, os.PathLike)):
-        from ..build import load_plan_file
+        from ...metamodel import load_plan_file
 
         plan = load_plan_file(str(plan))
     elif plan is not None:
-        from ..build import validate_plan
+        from ...metamodel import validate_plan
 
         validate_plan(plan)
     cache_dir = None if cache is False else str(default_cache_dir() if cache is True else Path(cache))

@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .model import ParamShard, ShardMap
+from ..model import ParamShard, ShardMap
 
 Optimizer = Literal["adamw", "sgd", "adafactor", "none"]
 OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd", "adafactor", "none")

@@ -130,7 +130,7 @@ class ScanResult:
 
 def model_types() -> list[str]:
     """Every model type transformers registers a config for."""
-    from .compat import backend
+    from ..compat import backend
 
     return sorted(backend().config_classes().keys())
 
@@ -154,11 +154,11 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
         parity (`"off" | "auto" | "on"`): the parity check (`scan --parity` runs it where the plan needs evidence).
     """
     start = time.perf_counter()
-    from .audit import Audit
-    from .build import BuildOptions
-    from .compat import backend
-    from .errors import ConfigError, TpauditError
-    from .model import ModelSource, ParallelSizes
+    from .pipeline import Audit
+    from ..metamodel import BuildOptions
+    from ..compat import backend
+    from ..errors import ConfigError, TpauditError
+    from ..model import ModelSource, ParallelSizes
 
     tf = backend()
     config_cls = tf.config_classes()[model_type]
@@ -218,7 +218,7 @@ def _row(model_type: str, tp_size: int, parity: str) -> dict:
 
 
 def _worker_init() -> None:
-    from ._process import tune_gc
+    from .._process import tune_gc
 
     tune_gc()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -263,10 +263,10 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
         UsageError: an unknown model type, an invalid tp_size, or jobs below 1.
         UnsupportedVersionError: the installed transformers lacks what the seam calls.
     """
-    from .compat import versions as installed_versions
-    from .errors import UnsupportedVersionError, UsageError
-    from .run.executor import TaskFailed, internal_error_reason, run_tasks
-    from .model import ParallelSizes
+    from ..compat import versions as installed_versions
+    from ..errors import UnsupportedVersionError, UsageError
+    from .executor import TaskFailed, internal_error_reason, run_tasks
+    from ..model import ParallelSizes
 
     start = time.perf_counter()
     ParallelSizes.of(tp_size)
