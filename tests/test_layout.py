@@ -1,5 +1,6 @@
 """The package's shape: every import resolves, only the seam touches torch's and transformers' internals, the stages
-import each other without a cycle, and long modules say why they are long.
+import each other without a cycle and only in the order data flows, the top level holds stage packages and shared
+modules only, and long modules say why they are long.
 
 Read from the source files with `ast` (nothing is imported), so an import that only runs inside a function, and would
 break only when that path runs, is checked too.
@@ -144,3 +145,41 @@ def test_a_long_module_says_why_it_is_long():
         if lines > LONG_MODULE_LINES and "Longer than most modules" not in (ast.get_docstring(ast.parse(text)) or ""):
             unexplained.append(f"{name}: {lines} lines and no reason at its top")
     assert not unexplained, "\n".join(unexplained)
+
+
+# The pipeline's stages in the order data flows; a module may import its own stage and earlier ones, never a later
+# one. Shared by all: the data model, the seam, errors, units and process settings (below every stage).
+STAGES = ["sources", "metamodel", "plan", "shard", "evidence", "checks", "run", "sizing", "api", "verify", "report",
+          "cli"]
+SHARED = {"model", "compat", "errors", "units", "_process"}
+
+
+def _stage(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_the_top_level_holds_stage_packages_and_shared_modules_only():
+    top = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.name != "__pycache__" and
+           (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    expected = set(STAGES) | SHARED | {"__init__", "__main__"}
+    assert top == expected, f"unexpected: {sorted(top - expected)}, missing: {sorted(expected - top)}"
+
+
+def test_no_stage_imports_a_later_stage():
+    """`tpaudit/__init__.py` (the lazy API face: `tpaudit.check`, `tpaudit.batch`, ...) and `__main__` are exempt;
+    every other import, inside functions too, flows from a later stage to an earlier one or to the shared modules."""
+    order = {s: i for i, s in enumerate(STAGES)}
+    backwards = []
+    for name in MODULES:
+        here = _stage(name)
+        if here is None or here == "__main__":
+            continue
+        for target, names, line, _ in _imports(name):
+            # `from .. import api`: the imported names are the modules
+            for there in [_stage(target)] if target != "tpaudit" else names:
+                if here in SHARED and there not in SHARED and there in order:
+                    backwards.append(f"{name}:{line} (shared) -> {target} ({there})")
+                elif here in order and there in order and order[there] > order[here]:
+                    backwards.append(f"{name}:{line} ({here}) -> {target} ({there})")
+    assert not backwards, backwards
