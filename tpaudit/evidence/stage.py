@@ -154,7 +154,7 @@ def head_limited(built, shard_map, tp_size: int) -> dict[str, str]:
     (TPA102) or attention heads (TPA101) `tp_size` does not divide -> why, in words. The isolation runs such a block
     whole at once instead of trying styles on its partners (no partner can make half a head whole).
 
-    Source: the KV-cache section's key projections and per-layer KV heads (`kvcache.key_projections`, `kv_layers`,
+    Source: the KV-cache section's key projections and per-layer KV heads (`shard.kvcache.key_projections`, `kv_layers`,
     from transformers' `get_head_shapes`), the attention heads of the model's facts."""
     from ..shard.kvcache import key_projections, kv_layers
     from .small_model import layer_tail

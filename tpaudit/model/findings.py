@@ -21,7 +21,7 @@ class Location:
         line (`int`, *optional*): the line in that file that names the rule key or config attribute.
         logical (`str`): the parameter, rule key or config attribute the finding is about.
         uri (`str`, *optional*): `path` as a SARIF artifact URI (percent-encoded; relative to `uri_base` when set,
-            else a `file:` or `https:` URI), worked out by `audit.artifact_uri`.
+            else a `file:` or `https:` URI), worked out by `run.pipeline.artifact_uri`.
         uri_base (`str`, *optional*): `"%SRCROOT%"` when `uri` is relative to the root of the git repository that
             holds the file, `None` otherwise.
     """

@@ -114,7 +114,7 @@ def resolve_plan(built, sizes: ParallelSizes, dist_overrides: dict | None = None
     """Resolve `built.model`'s plans for `sizes` with transformers' own code.
 
     Args:
-        built (`BuiltModel`): from `build.build_model`; not changed (a candidate plan is merged for this resolution
+        built (`BuiltModel`): from `metamodel.build_model`; not changed (a candidate plan is merged for this resolution
             only, `compat` `plan_in_force`).
         sizes (`ParallelSizes`): validated sizes.
         dist_overrides (`dict`, *optional*): `DistributedConfig` `tp_plan` / `ep_plan` overrides (merged by

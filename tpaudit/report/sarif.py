@@ -3,7 +3,7 @@ is the one the report stage worked out from the rule's declaration (`Finding.loc
 findings when there is one, else the model's config, at the line that names the rule key or config attribute), and
 the parameter or rule as a logical location. Artifact URIs are percent-encoded and relative to the git repository
 that holds the file (`uriBaseId` `%SRCROOT%`), else to the current directory, else absolute `file:` URIs
-(`audit.artifact_uri`). Each rule carries `helpUri` (its row of the README's findings table). Nothing is read or
+(`run.pipeline.artifact_uri`). Each rule carries `helpUri` (its row of the README's findings table). Nothing is read or
 computed here."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ processes, or as Ray tasks, and yield each task's outcome as it finishes.
 
     tasks -> executor (local: this process or N workers; ray: a local instance or a cluster) -> (task, outcome)
 
-The task function is the commands' own (`scan.scan_one`, `batching.run_task`): it turns every bad input into a
+The task function is the commands' own (`run.scan.scan_one`, `run.batch.run_task`): it turns every bad input into a
 result (a `build_failed` row, an error line), so whatever still escapes it is a tpaudit bug. One policy for both
 commands, whichever executor runs the task:
 

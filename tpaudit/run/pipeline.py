@@ -61,7 +61,7 @@ class Audit:
         options (`BuildOptions`, *optional*): class, dtype, plan override, config object, instance plans.
 
     Raises:
-        UnsupportedVersionError, ConfigError, PlanError, UsageError: see `build.build_model`.
+        UnsupportedVersionError, ConfigError, PlanError, UsageError: see `metamodel.build_model`.
     """
 
     def __init__(self, source: ModelSource, options: BuildOptions | None = None):
@@ -79,7 +79,7 @@ class Audit:
 
         Raises:
             ModelReferenceError, HubError, UsageError: the reference cannot be read (see `sources.open_source`).
-            UnsupportedVersionError, ConfigError, PlanError: see `build.build_model`.
+            UnsupportedVersionError, ConfigError, PlanError: see `metamodel.build_model`.
         """
         from ..sources import open_source
 
