@@ -63,7 +63,8 @@ def test_no_fixture_or_case_points_outside_the_project():
 
 def test_cases_name_their_public_report():
     # Each case's expected.json tells its story in `notes`; the new ones start with the report they come from.
-    for case in ("22-gemma4-31b-tp8-global-kv-heads", "28-phi4-tp4-gathered-qkv-ten-kv-heads-ok"):
+    for case in ("22-gemma4-31b-tp8-global-kv-heads", "28-phi4-tp4-gathered-qkv-ten-kv-heads-ok",
+                 "36-llama4-scout-tp8-transposed-experts-ok", "45-deepseek-v2-lite-tp4-mla-kv-a-proj-ok"):
         notes = json.loads((CASES / case / "expected.json").read_text())["notes"]
         assert notes.startswith("Source: ")
     assert "tenstorrent/tt-xla#4881" in json.loads((CASES / "22-gemma4-31b-tp8-global-kv-heads" /

@@ -204,6 +204,34 @@ def test_one_layer_of_each_kind_in_real_order_with_per_layer_overrides():
         assert small.layers == layers, name
 
 
+def test_an_index_list_of_every_layer_is_not_a_kind_per_layer():
+    """Llama-4-Scout (fixtures/cases/36-*, config.json as published): 48 text layers, all MoE, so `moe_layers` lists
+    every index 0..47, as long as a per-layer list. Read as per-layer values it made each layer a kind of its own and
+    the small model kept all 48 (7.8 s of parity at tp 8). The kinds are the NoPE pattern: `no_rope_layers` is 0 on
+    every 4th layer (`layer_types` full_attention there, chunked elsewhere), so one layer of each: 0 and 3, both MoE."""
+    from transformers import AutoConfig
+
+    from tpaudit.evidence import build_small_model
+
+    raw = json.loads((FIXTURES / "cases" / "36-llama4-scout-tp8-transposed-experts-ok" / "config.json").read_text())
+    text = raw["text_config"]
+    n = text["num_hidden_layers"]
+    assert n == 48 and text["interleave_moe_layer_step"] == 1
+    config = AutoConfig.for_model("llama4", **{k: v for k, v in raw.items() if k != "model_type"})
+    assert config.text_config.moe_layers == list(range(n))
+    flags = config.text_config.no_rope_layers
+    first = {}
+    for i, flag in enumerate(flags):
+        first.setdefault(flag, i)
+    assert sorted(first.values()) == [0, 3]
+    small = build_small_model(config, "Llama4ForConditionalGeneration", None, 8)
+    try:
+        assert small.layers == (0, 3)
+        assert small.config.moe_layers == [0, 1] and small.config.no_rope_layers == [flags[0], flags[3]]
+    finally:
+        small.cleanup()
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # when parity is needed: split outputs the forward cuts into parts
 # ----------------------------------------------------------------------------------------------------------------------

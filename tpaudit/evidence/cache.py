@@ -29,7 +29,7 @@ from pathlib import Path
 from ..model import ParityResult
 
 SCHEMA = "tpaudit/parity-cache/v1"
-ENGINE = 1
+ENGINE = 2
 """Bumped when the parity check's verdicts change meaning for the same inputs (a new tpaudit release also does)."""
 MAX_ENTRY_BYTES = 4 << 20
 NOT_NEEDED = "not needed"

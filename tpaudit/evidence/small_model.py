@@ -340,14 +340,27 @@ def _index_list(k: str, v) -> bool:
     return isinstance(v, list) and V.LAYER_LIST_MARK in k and all(isinstance(x, int) for x in v)
 
 
+def _layer_lists(d: dict, n_layers: int) -> tuple[dict[str, list], dict[str, list]]:
+    """The config's per-layer lists (one entry per layer: `layer_types`, Llama 4's `no_rope_layers` flags) and its
+    layer-index lists (`mlp_only_layers`, Llama 4's `moe_layers`). An index list that names every layer is as long as
+    a per-layer list: it is told apart by its values, `0 .. n_layers - 1` in order (Llama-4-Scout's `moe_layers`, all
+    48 layers), which read as per-layer values would make every layer a kind of its own."""
+    per_layer, index_lists = {}, {}
+    for k, v in d.items():
+        if _index_list(k, v) and (len(v) != n_layers or v == list(range(n_layers))):
+            index_lists[k] = v
+        elif isinstance(v, list) and len(v) == n_layers:
+            per_layer[k] = v
+    return per_layer, index_lists
+
+
 def _layer_signatures(model, config_dict: dict, n_layers: int) -> list[tuple] | None:
     """One signature per decoder layer: module classes, parameter names and shapes, and the layer's entry in every
     per-layer config list (`layer_types`, ...). Layers with equal signatures are of the same kind."""
     found = _decoder_layers(model)
     if found is None or len(found[1]) != n_layers:
         return None
-    per_layer = {k: v for k, v in config_dict.items() if isinstance(v, list) and len(v) == n_layers}
-    index_lists = {k: v for k, v in config_dict.items() if _index_list(k, v) and k not in per_layer}
+    per_layer, index_lists = _layer_lists(config_dict, n_layers)
     overrides = _per_layer_overrides(config_dict)
     sigs = []
     for i, layer in enumerate(found[1]):
@@ -376,10 +389,11 @@ def _subset_layers(d: dict, keep: list[int], n_layers: int, layer_key: str) -> d
     if overrides:
         out[V.PER_LAYER_CONFIG.canonical] = {str(pos): copy.deepcopy(overrides[i]) for pos, i in enumerate(keep)
                                 if i in overrides}
+    per_layer, index_lists = _layer_lists(d, n_layers)
     for k, v in d.items():
-        if isinstance(v, list) and len(v) == n_layers and k != layer_key:
+        if k in per_layer and k != layer_key:
             out[k] = [v[i] for i in keep]
-        elif _index_list(k, v):
+        elif k in index_lists:
             out[k] = [pos for pos, i in enumerate(keep) if i in v]
         elif k == V.FIRST_DENSE_LAYERS.canonical and isinstance(v, int):
             out[k] = sum(1 for i in keep if i < v)
