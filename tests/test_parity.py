@@ -774,14 +774,19 @@ def test_a_run_that_compares_nothing_clears_nothing(monkeypatch):
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name,tp", [("qwen3-30b-a3b-fp8", 8), ("gemma-4-26b-a4b", 4), ("deepseek-v3", 8),
-                                     ("case:14-fp8-block-shards-smaller-than-block", 8)])
+                                     ("case:14-fp8-block-shards-smaller-than-block", 8),
+                                     ("case:36-llama4-scout-tp8-transposed-experts-ok", 8),
+                                     ("case:45-deepseek-v2-lite-tp4-mla-kv-a-proj-ok", 4)])
 def test_where_parity_runs_every_rule_has_a_verdict_and_no_suspicion_is_left(name, tp, tmp_path):
     """The bundled models and cases whose check runs the parity check by itself (a packed or gated projection the
     forward cuts into parts). Every rule of the resolved plans that matches something has a verdict (an error, cleared,
     or not exercised with a reason: the FP8 scale rules of the quantizer, which the unquantized small model lacks,
     say "quantized kernel"), rules carry the real model's names (a composite model's `model.language_model.`), and no
     report keeps a TPA501/TPA502 warning. Case 14 (Qwen3.5 FP8 at tp 8): its 2 KV heads cannot split, the k_proj
-    failure is TPA102's (one problem, one finding), and its gated q_proj, once a warning, is decided by its parts."""
+    failure is TPA102's (one problem, one finding), and its gated q_proj, once a warning, is decided by its parts.
+    Cases 36 and 45 are plans that look wrong and are right (Llama 4's experts stored transposed, so `packed_rowwise`
+    halves the 2 x intermediate output of `gate_up_proj`; DeepSeek-V2's `kv_b_proj` split by heads): the sharded
+    forward matches, so every rule it exercised is cleared and no TPA5xx is left at all."""
     if name.startswith("case:"):
         from test_cases import materialise
 
@@ -802,7 +807,11 @@ def test_where_parity_runs_every_rule_has_a_verdict_and_no_suspicion_is_left(nam
     prefix = report.plan["text_prefix"]
     assert all(v.rule.startswith(prefix + ".") or v.rule == "lm_head" or "outside the text decoder" in v.why
                for v in parity.verdicts if v.rule)
-    if name.startswith("case:"):
+    if name.endswith("-ok"):
+        assert parity.passed and parity.modules_compared > 0
+        assert not [f for f in report.findings if f.code.startswith("TPA5")]
+        assert {v.status for v in parity.verdicts} <= {"cleared", "not_exercised"}
+    if name.startswith("case:14"):
         q_proj = parity.verdict(f"{prefix}.layers.*.self_attn.q_proj")
         assert q_proj.status == "cleared" and "share of the unsharded parts" in q_proj.why
         assert {f.code for f in report.findings if f.target.endswith("k_proj") or "key_value" in f.target} >= \
