@@ -37,6 +37,7 @@ def assert_config_error(proc, *needles):
     (GRANITE, {"num_attention_heads": 2**21, "num_key_value_heads": 8}, "num_attention_heads = 2097152"),
     (GRANITE, {"num_hidden_layers": 0}, "num_hidden_layers = 0 must be a positive integer"),
     (GRANITE, {"head_dim": 64.5}, "head_dim = 64.5 is not an integer"),
+    (GRANITE, {"head_dim": 0}, "head_dim = 0 must be a positive integer"),   # 0 only for an MLA head (glm5_next)
     (MOE, {"num_local_experts": 0}, "num_experts_per_tok = 2 exceeds num_local_experts = 0"),
     (MOE, {"num_local_experts": 3, "num_experts_per_tok": 8}, "num_experts_per_tok = 8 exceeds num_local_experts = 3"),
     (MOE, {"num_local_experts": -3}, "num_local_experts = -3 must not be negative"),
@@ -112,9 +113,13 @@ def test_every_default_config_of_the_installed_transformers_passes():
             refused[model_type] = e.reason
         checked += 1
     assert checked > 500
-    # refused before these rules too: glm5_next's default text config leaves head_dim 0 (its real checkpoints set
-    # it), lxmert gives num_hidden_layers as a dict per tower (an encoder, never a decoder tpaudit audits)
-    assert set(refused) <= {"glm5_next", "glm5_next_text", "lxmert"}, refused
+    # lxmert gives num_hidden_layers as a dict per tower (an encoder, never a decoder tpaudit audits). glm5_next's
+    # default text config has head_dim 0: its config class sets head_dim = qk_rope_head_dim (0 by default) whatever
+    # it is given, an MLA head with no rotary part, and transformers builds it: not refused.
+    assert set(refused) <= {"lxmert"}, refused
+    if "glm5_next_text" in tf.config_classes():
+        config = tf.config_from_class("glm5_next_text")
+        assert config.head_dim == config.qk_rope_head_dim == 0 and config.qk_nope_head_dim > 0
 
 
 def test_an_index_that_maps_only_a_tensor_its_shard_lacks(tmp_path):

@@ -111,11 +111,15 @@ def _check_one(cfg, prefix: str, where: str, path: str | None) -> None:
     def value_of(attr: str):
         return tf.config_value(cfg, attr)
 
+    # MLA configs spell the rotary part of a head `head_dim` (GLM-5-Next's config sets head_dim = qk_rope_head_dim
+    # whatever config.json says), and a head with no rotary part is a model transformers builds: 0 is allowed there
+    mla = any(value_of(a) is not None for a in V.MLA_NOPE_HEAD_DIM.attrs)
     for table, high in ((WIDTHS, MAX_WIDTH), (COUNTS, MAX_COUNT)):
         for attr, positive in table.items():
             value = value_of(attr)
             if value is None:
                 continue
+            positive = positive and not (mla and attr in V.HEAD_DIM.attrs)
             values = value if isinstance(value, (list, tuple)) and value and attr in PER_LAYER else [value]
             limit = MAX_LAYERS if attr == "num_hidden_layers" else high
             for v in values:
