@@ -376,6 +376,22 @@ def test_ray_executor_gives_the_same_lines(tmp_path):
         {llama_by_hand(4)[0], llama_by_hand(8)[0]}
 
 
+def test_a_ray_cluster_that_cannot_be_reached_is_exit_2_and_leaves_out_as_it_was(tmp_path):
+    """`--ray-address` names a cluster this process cannot reach (here a `ray://` address, whose client the plain
+    `ray` package lacks: Ray raises ValueError at once). That is bad input, exit 2 with one `error:` line and a hint,
+    not "a tpaudit bug" (exit 4), and OUT from an earlier run is not truncated to nothing."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier\n")
+    proc = run_main("batch", str(write_list(tmp_path / "list.txt", fixture(LLAMA))), "--tp", "4", "-o", str(out),
+                    "--executor", "ray", "--ray-address", "ray://127.0.0.1:1")
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("error: cannot reach the Ray cluster at --ray-address 'ray://127.0.0.1:1'")
+    assert "internal error" not in proc.stderr and lines[1].startswith("hint: ")
+    assert out.read_text() == "earlier\n"
+
+
 @pytest.mark.slow
 def test_hub_models_with_a_revision(tmp_path):
     from hubserver import FakeHub

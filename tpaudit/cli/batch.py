@@ -28,18 +28,21 @@ class Executor(str, Enum):
 
 class _Lines:
     """OUT, written as lines finish (flushed, so an interrupted run keeps them for `--resume`) and rewritten in list
-    order at the end (a temporary file renamed into place)."""
+    order at the end (a temporary file renamed into place). OUT is opened at the first line: a run that fails before
+    it (an executor that cannot start, a Ray cluster that cannot be reached) leaves OUT as it was."""
 
     def __init__(self, path: str):
-        from ..errors import UsageError
-
         self.path = path
-        try:
-            self.file = open(path, "w", encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"cannot write -o {path}: {e.strerror or e}. Check the directory") from None
+        self.file = None
 
     def add(self, line) -> None:
+        if self.file is None:
+            from ..errors import UsageError
+
+            try:
+                self.file = open(self.path, "w", encoding="utf-8")
+            except OSError as e:
+                raise UsageError(f"cannot write -o {self.path}: {e.strerror or e}. Check the directory") from None
         self.file.write(json.dumps(line.to_json()) + "\n")
         self.file.flush()
 
@@ -54,7 +57,7 @@ class _Lines:
         self._write_all(lines)
 
     def close(self) -> None:
-        if not self.file.closed:
+        if self.file is not None and not self.file.closed:
             self.file.close()
 
 

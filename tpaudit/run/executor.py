@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
+from ..errors import LaunchError
+
 __all__ = ["TaskFailed", "run_tasks", "ray_available", "internal_error_reason", "RAY_INSTALL"]
 
 RAY_INSTALL = 'pip install "tpaudit[ray]"'
@@ -96,6 +98,8 @@ def run_tasks(fn: Callable[..., Any], tasks: Sequence[tuple], *, jobs: int | Non
         `(task, outcome)`: in task order with one job, in completion order otherwise.
 
     Raises:
+        LaunchError: `ray_address` names no Ray cluster this process can reach (or a `ray://` address without the
+            `ray[client]` package).
         Any exception of a `propagate` type a task raised.
     """
     tasks = list(tasks)
@@ -183,7 +187,14 @@ def _run_ray(fn, tasks, jobs, address, propagate) -> Iterator[tuple[tuple, Any]]
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         if address:
-            ray.init(address=address, **kwargs)
+            try:
+                ray.init(address=address, **kwargs)
+            except Exception as e:  # noqa: BLE001 - Ray's own errors (ConnectionError, ValueError, ...): bad input
+                raise LaunchError(
+                    f"cannot reach the Ray cluster at --ray-address {address!r}: {_describe(e)}",
+                    hint="start one with `ray start --head` and pass --ray-address auto, check the address, or run "
+                         "with --executor local; a ray:// address also needs the client: pip install \"ray[client]\"",
+                ) from None
         else:
             # A local instance: nothing leaves this machine (no dashboard, no usage report unless the user asked).
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
