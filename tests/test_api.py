@@ -51,8 +51,25 @@ def test_api_errors_are_exceptions_with_facts():
     assert e.value.ref == "no/such/dir.json" and e.value.exit_code == 2
     with pytest.raises(PlanError):
         tpaudit.check(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp_size=2, plan={"x": "colwize"})
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as e:
         tpaudit.check(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp_size=0)
+    assert "tp_size=0" in str(e.value)
+
+
+def test_batch_errors_name_the_api_arguments():
+    """`tpaudit.batch` checks its arguments when called, and its messages name the API's arguments (`tp_size=0`,
+    `jobs=0`) before the CLI's flags, as `tpaudit.check`'s do."""
+    import tpaudit
+    from tpaudit.errors import UsageError
+
+    model = str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
+    for kwargs, needle in (({"tp_sizes": [0]}, "tp_size=0, ep_size=1 (--tp 0 --ep 1) is invalid"),
+                           ({"tp_sizes": [4], "jobs": 0}, "jobs=0 (--jobs 0) is invalid"),
+                           ({"tp_sizes": [4], "ep_sizes": [3]}, "tp_size=4, ep_size=3 (--tp 4 --ep 3) is rejected"),
+                           ({"tp_sizes": []}, "Pass tp_sizes=[4, 8] (--tp 4,8)")):
+        with pytest.raises(UsageError) as e:
+            list(tpaudit.batch([model], **kwargs))
+        assert needle in str(e.value), (kwargs, str(e.value))
 
 
 def test_guard_allow_list_threshold_and_restore():

@@ -73,12 +73,13 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
 
     tps, eps = list(dict.fromkeys(tp_sizes)), list(dict.fromkeys(ep_sizes))
     if not tps or not eps:
-        raise UsageError("no tp_size given. Pass --tp 4,8")
+        raise UsageError("no tp_size given. Pass tp_sizes=[4, 8] (--tp 4,8)")
     pairs, refused = [], []
     for tp in tps:
         for ep in eps:
             if tp < 1 or ep < 1:
-                raise UsageError(f"--tp {tp} --ep {ep} is invalid: sizes must be positive integers. Pass --tp 4,8")
+                raise UsageError(f"tp_size={tp}, ep_size={ep} (--tp {tp} --ep {ep}) is invalid: sizes must be positive "
+                                 "integers. Pass tp_sizes=[4, 8] (--tp 4,8)")
             if ep == 1 and tp <= MAX_WORLD_SIZE:
                 pairs.append((tp, ep))
                 continue
@@ -91,7 +92,7 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
                 refused.append(str(e))
                 continue
             except PlanRejectedError as e:
-                refused.append(f"--tp {tp} --ep {ep} is rejected by transformers: {e.detail}")
+                refused.append(f"tp_size={tp}, ep_size={ep} (--tp {tp} --ep {ep}) is rejected by transformers: {e.detail}")
                 continue
             pairs.append((tp, ep))
     if not pairs:
@@ -146,9 +147,10 @@ def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes
     if executor not in ("local", "ray"):
         raise UsageError(f"executor {executor!r} is not known. Pass local or ray")
     if executor == "ray" and not ray_available():
-        raise UsageError(f"--executor ray needs Ray, which is not installed. Install it with: {RAY_INSTALL}")
+        raise UsageError(f"executor='ray' (--executor ray) needs Ray, which is not installed. Install it with: "
+                         f"{RAY_INSTALL}")
     if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs {jobs} is invalid: pass 1 or more worker processes")
+        raise UsageError(f"jobs={jobs} (--jobs {jobs}) is invalid: pass 1 or more worker processes")
     refs = []
     seen = set()
     for m in models:
