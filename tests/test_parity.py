@@ -505,7 +505,7 @@ def test_codegen_advice_names_its_four_groups_not_its_heads():
     groups, so tp 4 (one whole group per rank) re-runs clean; 5.23 always views 4 groups, so no tp size does."""
     from tpaudit.evidence import run_parity
 
-    qkv, out = "transformer.h.*.attn.qkv_proj", "transformer.h.*.attn.out_proj"
+    qkv = "transformer.h.*.attn.qkv_proj"
     result = run_parity(codegen_350m(), "CodeGenForCausalLM", {"h.*.attn.qkv_proj": "colwise",
                                                                "h.*.attn.out_proj": "rowwise"}, 8)
     finding = assert_caught(result, qkv, qkv, "colwise", "TPA501")

@@ -1,6 +1,6 @@
 """Shared reading of the shard map for the dimension, layout and quantization checks: the role of a projection (by
-the leaf names of `tpaudit.metamodel.vocabulary`), the logical axis a style splits, each rank's logical shard size, and the
-quantized linear maps (the checkpoint's scheme is a fact of the build: `ctx.facts.quant`)."""
+the leaf names of `tpaudit.metamodel.vocabulary`), the logical axis a style splits, each rank's logical shard size, and
+the quantized linear maps (the checkpoint's scheme is a fact of the build: `ctx.facts.quant`)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ def check(
                            "are reported and counted.")] = None,
     parity: Annotated[Optional[bool], typer.Option(
         "--parity/--no-parity", help="Run the sharded-forward parity check on a small model of the same "
-                                     "architecture (gloo ranks on this CPU): --parity always, --no-parity never. "
+                                     "architecture (ranks as threads of this CPU process): --parity always, "
+                                     "--no-parity never. "
                                      "Default: when the plan splits a fused or packed projection, or with --plan.",
         show_default=False)] = None,
     units: UnitsOpt = Units.GiB,

@@ -27,7 +27,7 @@ def scan(
                                                           "finding.")] = False,
     parity: Annotated[bool, typer.Option(
         "--parity", help="Also run the sharded-forward parity check where a model type's plan splits a fused or "
-                         "packed projection (slow: gloo ranks per such model type).")] = False,
+                         "packed projection (threaded ranks per such model type: seconds each).")] = False,
 ) -> int:
     """Simulate every model type (or the ones named) from its default config and report plan coverage.
 

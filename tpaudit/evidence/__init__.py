@@ -20,10 +20,10 @@ check runs the forward instead:
    that every rule is an error, cleared, or not exercised with the reason.
 
 `stage.gather` decides when an option of a report needs the check, and reads and writes the parity verdict cache
-(`cache.py`); `worker.py` runs the check in a subprocess when this process cannot host the ranks. Every torch and transformers internal this
-package touches goes through `tpaudit.compat` (`compat.parity`); its results are the data model's `ParityResult`,
-`SplitOutput` and `RuleVerdict`; the findings they are evidence for are written by `tpaudit.checks.layout`
-(`parity_findings`).
+(`cache.py`); `worker.py` runs the check in a subprocess when this process cannot host the ranks. Every torch and
+transformers internal this package touches goes through `tpaudit.compat` (`compat.parity`); its results are the data
+model's `ParityResult`, `SplitOutput` and `RuleVerdict`; the findings they are evidence for are written by
+`tpaudit.checks.layout` (`parity_findings`).
 
 Example:
 

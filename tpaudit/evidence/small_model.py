@@ -4,8 +4,8 @@ split `tp_size` makes keeps its structure, one decoder layer of each kind in the
 Random weights from a fixed seed, float32, CPU, eager attention and eager experts, written with `save_pretrained` to
 a temporary directory in the layout the real checkpoint stores (the loader slices what the checkpoint stores:
 per-expert `gate_proj` / `up_proj` tensors split by a plain `colwise` still give each rank its share of both once
-fused, a stored fused `gate_up_proj` is cut in the middle). Config attribute names come from `tpaudit.metamodel.vocabulary`,
-the one table of them.
+fused, a stored fused `gate_up_proj` is cut in the middle). Config attribute names come from
+`tpaudit.metamodel.vocabulary`, the one table of them.
 """
 
 from __future__ import annotations

@@ -255,8 +255,8 @@ def model_class(config, architecture: str | None = None, trust_remote_code: bool
                               f"{defaults.split(', ')[0]} to --architecture") from None
         if e.kind == "unknown_architecture" and architecture:
             raise ConfigError(f"--architecture {e.detail} is not a model class of the installed transformers "
-                              f"(model type {config.model_type!r} has: {defaults}). Pass one of them, or "
-                              "--trust-remote-code if the repo ships its modeling code") from None
+                              f"(model type {config.model_type!r} has {defaults}, among others). Pass one of its "
+                              "classes, or --trust-remote-code if the repo ships its modeling code") from None
         if e.kind == "unknown_architecture":
             # config.json names a class this transformers does not have (a repo's own spelling, a typo): build the
             # model type's default class, and say so first in every report.

@@ -6,9 +6,9 @@ transformers answers where it can, through the seam: the text config's global va
 survives heterogeneous configs), the per-layer configs (`layer_configs`), each layer's KV heads and head width
 (`head_shapes`, transformers' `get_head_shapes`), the modules' in/out features (`module_facts`), the quantization
 config. Where it has no answer (which attribute is the residual width, which module a layer's keys come from) the
-vocabulary table (`tpaudit.metamodel.vocabulary`) says how architectures spell it. A role the table cannot fill for this model
-is a note in every report (`ModelFacts.notes`), never a silent skip: a layer with a per-token cache but no module the
-table names a key projection is one TPA102 cannot judge.
+vocabulary table (`tpaudit.metamodel.vocabulary`) says how architectures spell it. A role the table cannot fill for this
+model is a note in every report (`ModelFacts.notes`), never a silent skip: a layer with a per-token cache but no module
+the table names a key projection is one TPA102 cannot judge.
 
 Checks, the KV-cache section, the evidence stage and sizing read `ModelFacts`; none of them reads a live transformers
 config.

@@ -39,8 +39,8 @@ MAX_WIDTH = 2**24
 MAX_COUNT = 2**20
 """Most heads or experts accepted (1,048,576): real models have up to a few hundred of either."""
 
-# The attribute names come from the one vocabulary table (`metamodel/vocabulary.py`), by role. The canonical spelling of the
-# roles every model has must be positive when set; every other spelling (and the optional roles: shared experts, MLA
+# The attribute names come from the one vocabulary table (`metamodel/vocabulary.py`), by role. The canonical spelling of
+# the roles every model has must be positive when set; every other spelling (and the optional roles: shared experts, MLA
 # ranks, ...) may be 0, a part switched off.
 _REQUIRED = (V.HIDDEN, V.INTERMEDIATE, V.VOCAB, V.HEAD_DIM, V.EXPERT_INTERMEDIATE, V.ATTENTION_HEADS, V.KV_HEADS,
              V.LAYERS)

@@ -1,8 +1,8 @@
 """THE vocabulary of model facts: every config attribute name and module leaf name tpaudit knows a role for, once.
 
 transformers answers most questions about a model itself (its text config, per-layer configs, `get_head_shapes`, the
-modules' in/out features, the quantizer's config: `tpaudit.metamodel.facts` reads those through the seam). Where it has no
-answer, tpaudit must know how architectures spell a fact: that GPT-J calls the residual width `n_embd`, that LongCat
+modules' in/out features, the quantizer's config: `tpaudit.metamodel.facts` reads those through the seam). Where it has
+no answer, tpaudit must know how architectures spell a fact: that GPT-J calls the residual width `n_embd`, that LongCat
 calls its experts' width `expert_ffn_hidden_size`, that DeepSeek-V4's key projection is `kv_proj`. Those spellings
 live here and nowhere else: a new spelling of a width, a head count or a projection name is one line in one entry.
 
@@ -13,9 +13,9 @@ live here and nowhere else: a new spelling of a width, a head count or a project
 - the rest: values and marks of the same kind (layer types, the names of text sub-configs, the marks the small
   model's config shrinking follows).
 
-Who reads it: `metamodel/facts.py` (at build time), the checks (`checks/*.py`), the KV-cache section (`shard/kvcache.py`), sizing
-(`sizing/`) and the evidence stage (`evidence/`: which projections need evidence, and the small model's config
-shrinking, which edits a config dict by these names).
+Who reads it: `metamodel/facts.py` (at build time), the checks (`checks/*.py`), the KV-cache section
+(`shard/kvcache.py`), sizing (`sizing/`) and the evidence stage (`evidence/`: which projections need evidence, and the
+small model's config shrinking, which edits a config dict by these names).
 
 What "every attribute transformers uses for a role" means is mechanical (`tests/test_vocabulary.py`): every int
 attribute of the text config of a model type whose text config declares a `base_model_tp_plan`, whose name matches

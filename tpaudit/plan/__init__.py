@@ -25,8 +25,8 @@ class ResolvedPlan:
 
     Attributes:
         sizes (`ParallelSizes`): the sizes resolved for.
-        tp_rules (`dict[str, str]`): merged TP plan, full generic keys (`model.language_model.layers.*.self_attn.q_proj`),
-            `DistributedConfig` overrides included.
+        tp_rules (`dict[str, str]`): merged TP plan, full generic keys
+            (`model.language_model.layers.*.self_attn.q_proj`), `DistributedConfig` overrides included.
         ep_rules (`dict[str, str]`): merged EP plan.
         applied_tp (`dict[str, str]`): concrete module/parameter name -> style, as `apply_tensor_parallelism` receives
             it (empty when `tp_size == 1`).
@@ -146,8 +146,8 @@ def _resolve(built, sizes: ParallelSizes, dist_overrides: dict | None, plan: dic
         dc = tf.distributed_config(sizes.tp_size, sizes.ep_size, dist_overrides)
     except PlanRejectedError as e:
         raise UsageError(f"tp_size={sizes.tp_size}, ep_size={sizes.ep_size} (--tp {sizes.tp_size} --ep {sizes.ep_size}) "
-                         f"is rejected by transformers: {e.detail.rstrip('.')}. Without FSDP, pass ep_size 1 or "
-                         f"{sizes.tp_size}") from None
+                         f"is rejected by transformers: {e.detail.rstrip('.')}. Without FSDP, pass "
+                         + ("ep_size 1" if sizes.tp_size == 1 else f"ep_size 1 or {sizes.tp_size}")) from None
     applied_tp: dict[str, str] = {}
     applied_ep: dict[str, str] = {}
     loader_errors: list[str] = []

@@ -517,8 +517,8 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
             model's dtype.
         overhead (`OverheadPolicy`, *optional*): default 1 GiB + 8% of capacity.
         plan_override, architecture, trust_remote_code, dtype: as for `check`.
-        training (`TrainingSetup`, *optional*): also size each option's training model states (see `sizing/training.py`);
-            the recommendation then follows them.
+        training (`TrainingSetup`, *optional*): also size each option's training model states (see
+            `sizing/training.py`); the recommendation then follows them.
 
     Returns:
         `SizeReport`: per option the serving figures, the longest context (`context_fit`) and, with `training`,

@@ -8,9 +8,9 @@ error-severity findings remain; only then does the original method run. The seam
 (`UnsupportedVersionError` when the installed transformers lacks what the guard wraps).
 
 Under torchrun the process already belongs to the real process group, and tpaudit's simulation needs a process
-group of its own, so the analysis runs in a short-lived subprocess (`python -m tpaudit.verify.guard_worker`) that rebuilds
-the model on the meta device from its config, class, merged plans and the `DistributedConfig` overrides. Every rank
-does this on its own, so every rank raises the same error and none waits in a collective.
+group of its own, so the analysis runs in a short-lived subprocess (`python -m tpaudit.verify.guard_worker`) that
+rebuilds the model on the meta device from its config, class, merged plans and the `DistributedConfig` overrides. Every
+rank does this on its own, so every rank raises the same error and none waits in a collective.
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ def size_pairs(tp_sizes: Iterable[int], ep_sizes: Iterable[int] = (1,)) -> tuple
                 refused.append(str(e))
                 continue
             except PlanRejectedError as e:
-                refused.append(f"tp_size={tp}, ep_size={ep} (--tp {tp} --ep {ep}) is rejected by transformers: {e.detail}")
+                refused.append(f"tp_size={tp}, ep_size={ep} (--tp {tp} --ep {ep}) is rejected by transformers: "
+                               f"{e.detail}")
                 continue
             pairs.append((tp, ep))
     if not pairs:

@@ -71,8 +71,8 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
     """Audit one model at every (tp_size, ep_size) of `pairs`, opening its source once.
 
     Each line comes from the cache when `options.cache_dir` holds its key (and `options.read_cache`), else from the
-    pipeline (`tpaudit.run.pipeline.Audit`: built once, transformers' own plan resolution and TP code on the meta device), and
-    is then stored in the cache.
+    pipeline (`tpaudit.run.pipeline.Audit`: built once, transformers' own plan resolution and TP code on the meta
+    device), and is then stored in the cache.
 
     Args:
         model (`ModelRef` or `str`): the list entry (`org/name@revision` allowed).
@@ -119,7 +119,8 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
         from ...compat import backend
 
         backend()  # raises UnsupportedVersionError: no line of this batch can be computed
-        from .. import pipeline as audit  # noqa: F401  torch and transformers: once per process, not part of a line's seconds
+        # torch and transformers: once per process, not part of a line's seconds
+        from .. import pipeline  # noqa: F401
     clock = time.perf_counter()
     for tp, ep, outcome in (_reports(source, todo, options) if todo else ()):
         now = time.perf_counter()
