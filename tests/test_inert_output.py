@@ -171,6 +171,11 @@ def test_check_markdown_is_inert(hostile):
     assert heading, out[:500]  # the model's path, newline and all, stays inside the heading's code span
     assert out.splitlines()[0].startswith("### ") and VISIBLE_PATH in out.splitlines()[0]
     assert "Evil" + PROSE in "".join(tags.text)  # architectures[0] in the notes
+    # a name quoted in a finding's message (the stray tensor, TPA301) is one code span, whole, although it holds a
+    # backtick: no element carries a piece of it
+    codes = [body for tag, body in tags.elements if tag == "code"]
+    assert len([c for c in codes if "stray" in c]) >= 3, codes  # the target cell and the message's quotes
+    assert all("stray" + VISIBLE in c for c in codes if "stray" in c), [c for c in codes if "stray" in c]
 
 
 @pytest.mark.parametrize("fmt", ["json", "sarif"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import html as _html
 import re
 
-__all__ = ["terminal", "markdown_code", "markdown_fence", "markdown_text", "html", "visible"]
+__all__ = ["terminal", "markdown_code", "markdown_fence", "markdown_text", "strings_in", "html", "visible"]
 
 # C0 controls, DEL, C1 controls, the Unicode line/paragraph separators and the bidirectional formatting characters
 # (embeddings, overrides, isolates, marks): everything that can move the cursor, rewrite the screen, start a terminal
@@ -99,15 +99,26 @@ def _md_plain(text: str) -> str:
     return _MD_PUNCT.sub(r"\\\1", _html.escape(text, quote=False))
 
 
-def markdown_text(value) -> str:
+def markdown_text(value, names=()) -> str:
     """Prose for Markdown (a finding message, a reason, a note): the code spans in it (text between backticks, as
     tpaudit's messages quote names) are kept as code spans, each re-fenced by `markdown_code`; the rest has `& < >`
     as HTML entities and `* _ [ ] ! | ~ # \\` backslash-escaped. Newlines and tabs become spaces, other control
     characters visible escapes. An unpaired backtick is shown as a character.
 
+    A name that itself holds a backtick cannot be told from the end of its quote by reading the prose: pass such names
+    (the finding's target and facts, the model's architecture: what strangers wrote) as `names`, and each one quoted
+    in the text as `` `name` `` becomes one code span, whole.
+
     Example: ``markdown_text("`w<x` replicated <img src=x>")`` -> ``"`w<x` replicated &lt;img src=x&gt;"``.
     """
-    text = visible(" ".join(str(value).replace("\t", " ").splitlines()) if value is not None else "")
+    raw = str(value) if value is not None else ""
+    spans = []
+    for name in sorted({n for n in names if isinstance(n, str) and "`" in n}, key=len, reverse=True):
+        quoted = f"`{name}`"
+        if quoted in raw:
+            raw = raw.replace(quoted, f"\ue000{len(spans)}\ue001")
+            spans.append(markdown_code(name))
+    text = visible(" ".join(raw.replace("\t", " ").splitlines()))
     parts = text.split("`")
     if len(parts) % 2 == 0:  # an odd number of backticks: the last one opens nothing
         parts[-2:] = [parts[-2] + "\x00" + parts[-1]]
@@ -117,7 +128,27 @@ def markdown_text(value) -> str:
             out.append(markdown_code(part))
         else:
             out.append(_md_plain(part).replace("\x00", "\\`"))
-    return "".join(out)
+    rendered = "".join(out)
+    for i, span in enumerate(spans):
+        rendered = rendered.replace(f"\ue000{i}\ue001", span)
+    return rendered
+
+
+def strings_in(value, limit: int = 10_000) -> list[str]:
+    """Every string inside `value` (dicts' keys and values, lists, dataclass-free JSON-like data), at most `limit`:
+    the names a report carries, for `markdown_text(names=...)`."""
+    out: list[str] = []
+    stack = [value]
+    while stack and len(out) < limit:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return out
 
 
 def html(value) -> str:

@@ -4,9 +4,11 @@ self-contained HTML page. They draw a `BatchSummary` and compute nothing; the JS
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..run.batch import BatchResult, BatchSummary, Change
 from . import renderer
-from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
+from ._inert import html as esc, markdown_code as code, markdown_text, strings_in, terminal as inert
 from ..units import format_bytes, plural, unit_legend
 
 
@@ -106,6 +108,10 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
 def render_markdown(summary: BatchSummary, *, unit: str = "GiB", max_rows: int = 50, **_) -> str:
     """The summary as GitHub-flavoured Markdown (a pull-request comment or a CI job summary), ending with a newline."""
     icon = "❌" if summary.exit_code else "✅"
+    # the models' references (LIST entries, what strangers wrote) may hold a backtick: quoted whole in prose
+    c = summary.comparison
+    prose = partial(markdown_text, names=strings_in([[r.model for r in summary.results],
+                                                     [ch.model for ch in (c.new_errors + c.fixed_errors)] if c else []]))
     head = _headline(summary)
     out = [f"### {icon} tpaudit batch: {head[0]}", "", head[1], "", head[2], "", f"_{unit_legend(unit)}_", ""]
     out += [f"- left out: {prose(m)}" for m in summary.refused]

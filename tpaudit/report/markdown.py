@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
-from ._inert import markdown_code as code, markdown_fence as fenced, markdown_text as prose
+from ._inert import markdown_code as code, markdown_fence as fenced, markdown_text, strings_in
 from .wording import load_verdict, parity_verdict, quantization_line, rank_spread
 from . import renderer
 
@@ -17,6 +19,9 @@ def render(report: Report, *, unit: str = "GiB", max_rows: int = 30, **_) -> str
     """The report as GitHub-flavoured Markdown, ending with a newline."""
     sm = report.shard_map
     m = report.model
+    # names strangers wrote (tensor names, rule keys, architectures[0]) that may hold a backtick: quoted whole in prose
+    prose = partial(markdown_text, names=strings_in([m, report.unused_rules, [fam.name for fam in report.replicated],
+                                                     [(f.target, f.facts) for f in report.findings]]))
     errors, warnings, notes = report.count("error"), report.count("warning"), report.count("note")
     status = "❌" if errors else ("⚠️" if warnings else "✅")
     name = m.get("repo_id") or m.get("ref")
