@@ -13,7 +13,7 @@ import shutil
 import pytest
 from filelock import FileLock
 
-from conftest import CASES, audit, read_json_any
+from conftest import CASES, ROOT, audit
 
 ALL_CASES = sorted(p.name for p in CASES.iterdir() if (p / "expected.json").is_file())
 
@@ -65,22 +65,13 @@ def materialise(case: str, tmp_path):
 
 
 def _write_case(src, model_dir) -> None:
-    from tpaudit.model import CheckpointTensor, ModelSource
-    from tpaudit.sources.sparse import write_sparse_checkpoint
+    """The case as a model directory: the script users run for the same thing (`scripts/case_dir.py`)."""
+    import importlib.util
 
-    config = json.loads((src / "config.json").read_text())
-    if (src / "tensors.json.gz").is_file():
-        spec = read_json_any(src / "tensors.json.gz")
-        default = spec.get("dtype_default", "BF16")
-        tensors = []
-        for name, value in spec["tensors"].items():
-            dtype, shape = (value if isinstance(value[0], str) else (default, value))
-            tensors.append(CheckpointTensor(name, dtype, tuple(shape)))
-        write_sparse_checkpoint(ModelSource(ref=src.name, kind="local", config=config, tensors=tuple(tensors)),
-                                model_dir)
-    else:
-        model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(config))
+    spec = importlib.util.spec_from_file_location("case_dir", ROOT / "scripts" / "case_dir.py")
+    case_dir = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(case_dir)
+    case_dir.write_case(src, model_dir)
 
 
 # case 14's 62,636-tensor sparse checkpoint (test_findings checks its numbers in the fast loop)
