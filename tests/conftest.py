@@ -3,6 +3,7 @@ tpaudit's own output."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -252,3 +253,32 @@ def _share_fixture_builds():
     tpaudit.run.pipeline.build_model, tpaudit.run.pipeline.Audit.report = build_model, report
     yield
     tpaudit.run.pipeline.build_model, tpaudit.run.pipeline.Audit.report = real_build, real_report
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Interrupt whatever runs in this process after `seconds` (a hang becomes a failing test, not a stuck run)."""
+    import signal
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def assert_one_error_line(proc, *needles: str, peak: int | None = None) -> None:
+    """Bad input as the CLI must answer it: exit 2, one `error:` line on stderr (not an internal error) holding every
+    needle; with `peak`, the child's own peak memory (`run_bounded`) stayed under it."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    if peak is not None:
+        assert proc.peak_bytes is not None and proc.peak_bytes < peak, proc.peak_bytes

@@ -11,16 +11,14 @@ none of them can hang it, blow up its memory or give a wrong verdict.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import struct
 from pathlib import Path
 
 import pytest
 
-from conftest import CASES, run_bounded, run_main
+from conftest import CASES, assert_one_error_line, deadline, run_bounded, run_main
 
 MiB = 1 << 20
 CAP = 768 * MiB          # address space of each child: the batch never imports torch before it refuses
@@ -64,12 +62,7 @@ WORDS = {"fifo": "FIFO", "devzero": "character device", "directory": "directory"
 
 def assert_refused(proc, *needles: str) -> None:
     """Exit 2 with one `error:` line, quickly and small."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert proc.peak_bytes is not None and proc.peak_bytes < PEAK, proc.peak_bytes
+    assert_one_error_line(proc, *needles, peak=PEAK)
 
 
 @pytest.fixture
@@ -155,20 +148,6 @@ def test_a_cache_entry_that_is_not_a_small_regular_file_is_a_miss(tmp_path, kind
 # ----------------------------------------------------------------------------------------------------------------------
 # the cache is validated, not trusted
 # ----------------------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def deadline(seconds: float):
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _tamper_result(**change):
     def tamper(entry):
         entry["result"].update(change)

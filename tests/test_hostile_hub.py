@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import CASES, run_bounded
+from conftest import CASES, assert_one_error_line, run_bounded
 from hubserver import FakeHub
 
 GRANITE_CONFIG = (CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text()
@@ -93,12 +93,7 @@ def check(hub, tmp_path, deadline: float = DEADLINE):
 
 
 def assert_one_error(proc, *needles):
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert proc.peak_bytes is not None and proc.peak_bytes < PEAK, proc.peak_bytes
+    assert_one_error_line(proc, *needles, peak=PEAK)
 
 
 @pytest.mark.parametrize("behaviour", [stall, trickle], ids=["stalls", "trickles"])

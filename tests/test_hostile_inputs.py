@@ -8,19 +8,17 @@ Each failure class of the issue has a case here. Expected byte counts are comput
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gzip
 import json
 import os
-import signal
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import CASES, FIXTURES, nbytes, run_bounded, run_main, snapshot_tensors
+from conftest import CASES, FIXTURES, assert_one_error_line, deadline, nbytes, run_bounded, run_main, snapshot_tensors
 
 LLAMA = FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"
 GRANITE_CONFIG = (CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text()
@@ -31,21 +29,6 @@ NORM_BYTES = 2048 * 2
 # ----------------------------------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Interrupt whatever runs in this process after `seconds` (a hang becomes a failing test, not a stuck run)."""
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def check(*args: str, seconds: float = 10):
     """`tpaudit ARGS` in this process, interrupted after `seconds`."""
     with deadline(seconds):
@@ -54,14 +37,8 @@ def check(*args: str, seconds: float = 10):
 
 def assert_one_error(proc, *needles: str) -> str:
     """Exit 2, exactly one `error:` line on stderr (no traceback, not an internal error) holding every needle."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    line = lines[0]
-    assert line.startswith("error: ") and "internal error" not in line and "Traceback" not in proc.stderr, line
-    for needle in needles:
-        assert needle in line, (needle, line)
-    return line
+    assert_one_error_line(proc, *needles)
+    return proc.stderr.strip()
 
 
 def shard_bytes(header, data_len: int) -> tuple[bytes, int]:

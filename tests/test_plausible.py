@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import CASES, run_bounded, run_main
+from conftest import CASES, assert_one_error_line, run_bounded, run_main
 
 GRANITE = json.loads((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
 MOE = {**GRANITE, "model_type": "granitemoe", "architectures": ["GraniteMoeForCausalLM"], "num_local_experts": 8,
@@ -23,11 +23,7 @@ def model_dir(tmp_path, config) -> str:
 
 
 def assert_config_error(proc, *needles):
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "internal error" not in lines[0], proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
+    assert_one_error_line(proc, *needles)
 
 
 @pytest.mark.parametrize("base, change, needle", [

@@ -119,11 +119,10 @@ class ParityCache:
         path = self.path(key)
         entry = {"schema": SCHEMA, "key": key, "inputs": inputs_,
                  "result": dataclasses.replace(result, cached=False).to_json()}
+        from ..sources.files import write_text_atomic
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(entry), encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, json.dumps(entry))
         except OSError:
             pass
 

@@ -51,11 +51,10 @@ def sibling_plans() -> dict[str, dict[str, str]]:
             if isinstance(plan, dict) and plan:
                 out[model_type] = dict(plan)
     if path is not None:
+        from ..sources.files import write_text_atomic
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(out), encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, json.dumps(out))
         except OSError:
             pass
     return out

@@ -264,3 +264,29 @@ def json_depth_exceeds(value: Any, limit: int) -> bool:
 
 def _human(n: int) -> str:
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n:,} bytes"
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` so that a reader never sees a torn file: a temporary file in the same folder
+    (created exclusively, `tempfile.mkstemp`), then `os.replace` (atomic on POSIX and Windows), which also replaces
+    a FIFO or other file squatting on the name without opening it. The folder is created if missing.
+
+    Raises:
+        OSError: the folder or the file cannot be written (the temporary file is removed); callers whose file is a
+            cache ignore it.
+    """
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:16]}-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

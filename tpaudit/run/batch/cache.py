@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import TpauditError, UsageError
+from ...sources.files import write_text_atomic
 from .lines import line_problem
 from .model_list import LINE_MAX_BYTES
 
@@ -160,17 +159,8 @@ class ResultCache:
     def put(self, key: str, result: dict, inputs: dict[str, Any] | None = None) -> None:
         """Store `result` under `key`, echoing `inputs` (`key_inputs`). A cache that cannot be written is not an
         error: the batch goes on. A FIFO or other file squatting on the entry's name is replaced, not opened."""
-        target = self.path(key)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}-", suffix=".tmp", dir=target.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({"schema": CACHE_SCHEMA, "key": key, "inputs": inputs, "result": result}, f)
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_text_atomic(self.path(key), json.dumps({"schema": CACHE_SCHEMA, "key": key, "inputs": inputs,
+                                                          "result": result}))
         except OSError:
             pass
