@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .model import CheckpointTensor
+from .model import CheckpointTensor, generic_name
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
 _INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
@@ -89,6 +89,9 @@ class CheckpointMapping:
         renamer (`Renamer`, *optional*): the loader's renaming and converters (opaque; the seam runs them again to
             simulate the load per rank).
         tensors (`tuple[CheckpointTensor, ...]`): the checkpoint's tensor table (`tensor(name)` looks one up).
+        generic_tensor_names (`frozenset[str]`): every checkpoint tensor name with its layer and expert indices as
+            `*` (`generic_name`), each once: `ModelSource.generic_tensor_names`, read off the families the names
+            were renamed in (`_generic_names`) instead of one `generic_name` per tensor.
     """
 
     by_param: dict[str, list[str]] = field(default_factory=dict)
@@ -105,6 +108,7 @@ class CheckpointMapping:
     sources: dict[str, dict[str, list[CheckpointTensor]]] = field(default_factory=dict)
     renamer: object = None
     tensors: tuple[CheckpointTensor, ...] = ()
+    generic_tensor_names: frozenset[str] = frozenset()
 
     def tensor(self, name: str) -> CheckpointTensor | None:
         """The checkpoint tensor named `name` (`None` when the checkpoint has none): indexed once, on first use."""
@@ -221,20 +225,43 @@ def _template(renamed: str, indices: tuple[str, ...]) -> str | None:
     return "".join(out)
 
 
-def rename_all(keys: list[str], rename) -> tuple[dict[str, tuple[str, str | None]], int, int]:
+def group_families(keys: list[str]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """Checkpoint keys grouped by family (`_family`): family key -> `[(key, its indices)]`, in key order."""
+    families: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    for key in keys:
+        generic, indices = _family(key)
+        families[generic].append((key, indices))
+    return families
+
+
+def _generic_names(families: dict[str, list[tuple[str, tuple[str, ...]]]]) -> frozenset[str]:
+    """`{generic_name(key) for every key}` from `group_families`: one `generic_name` per family, whose members differ
+    only in the digits of index parts, which `generic_name` replaces by position, whatever the digits. A family where
+    `generic_name` keeps an index (one at the start, `0.weight`, or right after another, the `2` of `a.1.2.b`: no
+    dot of its own before it) is named key by key."""
+    out: set[str] = set()
+    for family, members in families.items():
+        if family.startswith("\0") or "\0.\0" in family:
+            out.update(generic_name(key) for key, _ in members)
+        else:
+            out.add(generic_name(members[0][0]))
+    return frozenset(out)
+
+
+def rename_all(keys: list[str], rename, families: dict | None = None
+               ) -> tuple[dict[str, tuple[str, str | None]], int, int]:
     """Rename every checkpoint key, once per family where the family allows it.
 
     Args:
         keys (`list[str]`): checkpoint keys.
         rename (`Callable[[str], tuple[str, str | None]]`): the loader's renaming of one key (the seam's `Renamer`).
+        families (`dict`, *optional*): `group_families(keys)`, when the caller has it already.
 
     Returns:
         `(key -> (runtime name, converter source pattern), families, keys renamed one by one)`.
     """
-    families: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-    for key in keys:
-        generic, indices = _family(key)
-        families[generic].append((key, indices))
+    if families is None:
+        families = group_families(keys)
     out: dict[str, tuple[str, str | None]] = {}
     per_key = 0
     for members in families.values():
@@ -295,7 +322,10 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     params = {name: (shape, dtype, floating) for name, shape, dtype, floating in tf.parameter_table(model)}
     state = tf.state_dict_keys(model)  # parameters and persistent buffers: what the loader loads into
     tied = tf.tied_keys(model)
-    renamed, mapping.families, mapping.renamed_per_key = rename_all([t.name for t in tensors], renamer.rename)
+    names = [t.name for t in tensors]
+    families = group_families(names)
+    renamed, mapping.families, mapping.renamed_per_key = rename_all(names, renamer.rename, families)
+    mapping.generic_tensor_names = _generic_names(families)  # the evidence stage's, without 200,000 regex calls
 
     by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
     module_names = {n for n, _ in model.named_modules()}
