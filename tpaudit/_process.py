@@ -13,10 +13,11 @@ same reason; collections still run, so cyclic garbage is still freed and memory 
 process (modules, functions, classes), and even at 200,000 the collector walked them a dozen times while they were
 imported (a Kimi-K2.5 check: about 0.4 s of its CPU time, a Qwen3-VL-30B-A3B check 0.2 s). A process that has not
 imported torch yet when it is tuned therefore starts with the collector paused; the seam's first probe, which
-imports them (`compat.backend`), ends the pause (`resume_gc`): what exists then is moved to the permanent generation
-(`gc.freeze`, as a pre-fork server does), never walked again, and the collector runs as above for everything the
-check itself allocates. A process that imported torch before (a test process calling `main`) keeps its collector
-running throughout.
+imports them (`compat.backend`), ends the pause (`resume_gc`): one full collection frees the cyclic garbage the
+imports left (about 9,000 objects, 7 MB: without it a check's peak RSS rose by 6 MiB), what survives is moved to the
+permanent generation (`gc.freeze`, as a pre-fork server does), never walked again, and the collector runs as above
+for everything the check itself allocates. A process that imported torch before (a test process calling `main`)
+keeps its collector running throughout.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def tune_gc() -> None:
 
 
 def resume_gc() -> None:
-    """End the import phase of a process `tune_gc` paused: freeze what exists (torch's and transformers' modules, the
-    permanent generation) and collect again. A no-op in any other process (a user's process that imports tpaudit as
-    a library is never paused)."""
+    """End the import phase of a process `tune_gc` paused: free the imports' cyclic garbage (one full collection),
+    freeze what survives (torch's and transformers' modules, the permanent generation) and collect again. A no-op in
+    any other process (a user's process that imports tpaudit as a library is never paused)."""
     global _paused
     if _paused:
         _paused = False
+        gc.collect()
         gc.freeze()
         gc.enable()
