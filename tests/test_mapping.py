@@ -95,3 +95,45 @@ def test_a_layer_pair_collapse_is_renamed_key_by_key():
     keys = [f"model.layers.{i}.proj.weight" for i in range(48)]
     mapped, _, _ = rename_all(keys, rename)
     assert mapped == {k: rename(k) for k in keys}
+
+
+def test_generic_tensor_names_read_off_the_families_equal_one_generic_name_per_key():
+    # the build's set (one `generic_name` per family) must be the per-key set, on real listings and on the names where
+    # `generic_name` keeps an index: at the start, and right after another index (`a.1.2.b` -> `a.*.2.b`)
+    import random
+
+    from tpaudit.compat.logic import generic_name
+    from tpaudit.metamodel.mapping import _generic_names, group_families
+    from tpaudit.sources import open_source
+
+    for name in ("qwen3-vl-30b-a3b-instruct", "deepseek-v3", "qwen3-30b-a3b-thinking-2507-fp8"):
+        keys = [t.name for t in open_source(str(FIXTURES / f"{name}.snapshot.json.gz")).tensors]
+        assert _generic_names(group_families(keys)) == {generic_name(k) for k in keys}, name
+    edges = ["0.weight", "1.weight", "a.1.2.b", "a.10.2.b", "a.1.20.b", "a.1.2.3.4", "a.5.6.7.8", "w1.weight",
+             "w2.weight", "0.1.x", "3.4.x", "x.1", "x.22"]
+    assert _generic_names(group_families(edges)) == {generic_name(k) for k in edges}
+    rng = random.Random(24)
+    parts = ["a", "b1", "0", "1", "12", "", "x", "007"]
+    for _ in range(2000):
+        keys = list({".".join(rng.choice(parts) for _ in range(rng.randint(1, 5))) for _ in range(8)})
+        assert _generic_names(group_families(keys)) == {generic_name(k) for k in keys}, keys
+
+
+def test_family_expansion_keeps_special_characters_and_reordered_indices():
+    # a family's names are expanded from one template: names with regex and format metacharacters (backslash,
+    # braces, `$`, `+`), indices the runtime name reorders, and families of keys that start with an index must come
+    # out as the renaming of each key gives them
+    from tpaudit.metamodel.mapping import rename_all
+
+    def rename(key):
+        parts = key.split(".")
+        digits = [p for p in parts if p.isdigit()]
+        words = [p for p in parts if not p.isdigit()]
+        # indices reversed, one word wrapped in characters that mean something to re.sub and str.format
+        return ".".join(["m{0}\\1$+"] + list(reversed(digits)) + words), ("p" if len(digits) > 1 else None)
+
+    keys = [f"a.{i}.b.{j}.w\\x{{}}+" for i in range(6) for j in range(5)] + \
+        [f"{i}.c.weight" for i in range(7)] + [f"d.{i}.e" for i in range(9)] + ["f.g", "h.1.i"]
+    mapped, families, _ = rename_all(keys, rename)
+    assert mapped == {k: rename(k) for k in keys}
+    assert families == 5

@@ -84,15 +84,20 @@ def backend():
     global _ACTIVE
     if _ACTIVE is not None:
         return _ACTIVE
+    from .._process import resume_gc
+
     versions = require_installed()
     failures = []
-    for line in _lines():
-        gaps = line.probe()
-        if not gaps:
-            tested = _major_minor(versions["transformers"]) in line.TESTED_RELEASES
-            _ACTIVE = line(versions, tested)
-            return _ACTIVE
-        failures.append((line, gaps))
+    try:
+        for line in _lines():
+            gaps = line.probe()
+            if not gaps:
+                tested = _major_minor(versions["transformers"]) in line.TESTED_RELEASES
+                _ACTIVE = line(versions, tested)
+                return _ACTIVE
+            failures.append((line, gaps))
+    finally:  # the probes imported torch and transformers: a tpaudit process's import phase ends here
+        resume_gc()
     line, gaps = failures[-1]
     more = f" (and {len(gaps) - 2} more)" if len(gaps) > 2 else ""
     raise UnsupportedVersionError(

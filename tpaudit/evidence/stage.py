@@ -261,5 +261,9 @@ def _plan(resolved) -> dict | None:
 
 
 def _keys(built):
-    """The checkpoint's tensor names as generic names, each once (what the small model's layout is decided on)."""
+    """The checkpoint's tensor names as generic names, each once (what the small model's layout is decided on): the
+    mapping's, read off the families the build grouped the names into, else the source's (one `generic_name` per
+    tensor)."""
+    if built.mapping is not None:
+        return built.mapping.generic_tensor_names
     return built.source.generic_tensor_names

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from itertools import repeat, starmap
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..model import CheckpointTensor
+from ..model import CheckpointTensor, generic_name
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
 _INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
@@ -89,6 +90,9 @@ class CheckpointMapping:
         renamer (`Renamer`, *optional*): the loader's renaming and converters (opaque; the seam runs them again to
             simulate the load per rank).
         tensors (`tuple[CheckpointTensor, ...]`): the checkpoint's tensor table (`tensor(name)` looks one up).
+        generic_tensor_names (`frozenset[str]`): every checkpoint tensor name with its layer and expert indices as
+            `*` (`generic_name`), each once: `ModelSource.generic_tensor_names`, read off the families the names
+            were renamed in (`_generic_names`) instead of one `generic_name` per tensor.
     """
 
     by_param: dict[str, list[str]] = field(default_factory=dict)
@@ -105,6 +109,7 @@ class CheckpointMapping:
     sources: dict[str, dict[str, list[CheckpointTensor]]] = field(default_factory=dict)
     renamer: object = None
     tensors: tuple[CheckpointTensor, ...] = ()
+    generic_tensor_names: frozenset[str] = frozenset()
 
     def tensor(self, name: str) -> CheckpointTensor | None:
         """The checkpoint tensor named `name` (`None` when the checkpoint has none): indexed once, on first use."""
@@ -221,53 +226,85 @@ def _template(renamed: str, indices: tuple[str, ...]) -> str | None:
     return "".join(out)
 
 
-def rename_all(keys: list[str], rename) -> tuple[dict[str, tuple[str, str | None]], int, int]:
+def group_families(keys: list[str]) -> dict[str, tuple[list[str], list[tuple[str, ...]]]]:
+    """Checkpoint keys grouped by family (`_family`): family key -> `(its keys, their indices)`, two parallel lists in
+    key order (no pair per key: Kimi-K2.5 has 208,550 keys)."""
+    families: dict[str, tuple[list[str], list[tuple[str, ...]]]] = {}
+    split = _INDEX_SPLIT.split
+    for key in keys:
+        parts = split(key)  # `_family`, inline: one call per key fewer
+        generic = "\0".join(parts[::2])
+        members = families.get(generic)
+        if members is None:
+            members = families[generic] = ([], [])
+        members[0].append(key)
+        members[1].append(tuple(parts[1::2]))
+    return families
+
+
+def _generic_names(families: dict[str, tuple[list[str], list[tuple[str, ...]]]]) -> frozenset[str]:
+    """`{generic_name(key) for every key}` from `group_families`: one `generic_name` per family, whose members differ
+    only in the digits of index parts, which `generic_name` replaces by position, whatever the digits. A family where
+    `generic_name` keeps an index (one at the start, `0.weight`, or right after another, the `2` of `a.1.2.b`: no
+    dot of its own before it) is named key by key."""
+    out: set[str] = set()
+    for family, (keys, _) in families.items():
+        if family.startswith("\0") or "\0.\0" in family:
+            out.update(map(generic_name, keys))
+        else:
+            out.add(generic_name(keys[0]))
+    return frozenset(out)
+
+
+def rename_all(keys: list[str], rename, families: dict | None = None
+               ) -> tuple[dict[str, tuple[str, str | None]], int, int]:
     """Rename every checkpoint key, once per family where the family allows it.
 
     Args:
         keys (`list[str]`): checkpoint keys.
         rename (`Callable[[str], tuple[str, str | None]]`): the loader's renaming of one key (the seam's `Renamer`).
+        families (`dict`, *optional*): `group_families(keys)`, when the caller has it already.
 
     Returns:
         `(key -> (runtime name, converter source pattern), families, keys renamed one by one)`.
     """
-    families: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-    for key in keys:
-        generic, indices = _family(key)
-        families[generic].append((key, indices))
+    if families is None:
+        families = group_families(keys)
     out: dict[str, tuple[str, str | None]] = {}
     per_key = 0
-    for members in families.values():
-        if len(members) < 4:
-            for key, _ in members:
+    for members, indices_of in families.values():
+        n = len(members)
+        if n < 4:
+            for key in members:
                 out[key] = rename(key)
-            per_key += len(members)
+            per_key += n
             continue
+        done: dict[str, tuple[str, str | None]] = {}  # keys the loader renamed itself, one by one
         template, pattern = None, None
-        for key, indices in members[:3]:  # a representative whose indices are unambiguous
+        for key, indices in zip(members[:3], indices_of):  # a representative whose indices are unambiguous
             renamed, pattern = rename(key)
-            out[key] = (renamed, pattern)
+            done[key] = (renamed, pattern)
             if len(set(indices)) == len(indices):
                 template = _template(renamed, indices)
                 if template is not None:
                     break
-        checks = (members[len(members) // 2], members[-1])
         if template is not None:
-            for key, indices in checks:
-                actual = rename(key)
-                out[key] = actual
-                if actual != (template.format(*indices), pattern):
+            for i in (n // 2, n - 1):
+                actual = rename(members[i])
+                done[members[i]] = actual
+                if actual != (template.format(*indices_of[i]), pattern):
                     template = None
                     break
         if template is None:
-            for key, _ in members:
+            out.update(done)
+            for key in members:
                 if key not in out:
                     out[key] = rename(key)
-            per_key += len(members)
+            per_key += n
             continue
-        for key, indices in members:
-            if key not in out:
-                out[key] = (template.format(*indices), pattern)
+        # every member from the template, at C speed; the keys renamed one by one keep the loader's own answer
+        out.update(zip(members, zip(starmap(template.format, indices_of), repeat(pattern))))
+        out.update(done)
     return out, len(families), per_key
 
 
@@ -295,11 +332,16 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     params = {name: (shape, dtype, floating) for name, shape, dtype, floating in tf.parameter_table(model)}
     state = tf.state_dict_keys(model)  # parameters and persistent buffers: what the loader loads into
     tied = tf.tied_keys(model)
-    renamed, mapping.families, mapping.renamed_per_key = rename_all([t.name for t in tensors], renamer.rename)
+    names = [t.name for t in tensors]
+    families = group_families(names)
+    renamed, mapping.families, mapping.renamed_per_key = rename_all(names, renamer.rename, families)
+    mapping.generic_tensor_names = _generic_names(families)  # the evidence stage's, without 200,000 regex calls
 
     by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
-    module_names = {n for n, _ in model.named_modules()}
+    may_claim = quantized and hf_quantizer is None  # companions: quantization tensors no quantizer took
+    module_names = {n for n, _ in model.named_modules()} if may_claim else set()
     stored_names: dict[str, str] = {}
+    unmapped = mapping.unmapped
     for tensor in tensors:
         runtime, pattern = renamed[tensor.name]
         if runtime in state and runtime not in params and runtime not in tied:
@@ -319,11 +361,14 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
                 if stored != dtype:
                     mapping.casts[(tensor.dtype, dtype)] = mapping.casts.get((tensor.dtype, dtype), 0) + 1
             continue
+        if not may_claim:  # no companion can be claimed: the tensor maps to nothing
+            unmapped.append((tensor, runtime))
+            continue
         module_name, _, leaf = runtime.rpartition(".")
-        claimed = quantized and hf_quantizer is None and is_quant_tensor_name(leaf)
+        claimed = is_quant_tensor_name(leaf)
         if (module_name not in module_names or not leaf or not claimed or runtime in mapping.companions
                 or leaf in tf.module_buffers(model, module_name)):
-            mapping.unmapped.append((tensor, runtime))
+            unmapped.append((tensor, runtime))
             continue
         mapping.companions[runtime] = tensor
 
@@ -335,10 +380,10 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
             for pattern in patterns:
                 filled.update(s for s in renamer.siblings(runtime, pattern) if s in params)
 
+    mapping.tensors = tensors  # before the shape check, which looks tensors up by name (`tensor`: one index)
     _check_shapes(mapping, model, tensors, by_pattern, params, renamer, tf)
     mapping.sources = {runtime: dict(patterns) for runtime, patterns in by_pattern.items()}
     mapping.renamer = renamer
-    mapping.tensors = tensors
 
     # Add companions; remove the params they replace (their module is stored in another, quantized form).
     touched = set()
@@ -362,21 +407,20 @@ def _check_shapes(mapping: CheckpointMapping, model, tensors, by_pattern, params
     parameter family, model shape and stored shapes: a few hundred checks for a checkpoint of any size."""
     from ..model import generic_name
 
-    by_name = {t.name: t for t in tensors}
     seen: set[tuple] = set()
     for runtime, names in mapping.by_param.items():
         if runtime not in params:
             continue
         model_shape = params[runtime][0]
-        stored = [by_name[n] for n in names]
-        key = (generic_name(runtime), model_shape, tuple(t.shape for t in stored[:2]), len(stored))
+        stored = [mapping.tensor(n) for n in names[:2]]  # the key reads two: 384 fused experts need not be listed
+        key = (generic_name(runtime), model_shape, tuple(t.shape for t in stored), len(names))
         if key in seen:
             continue
         seen.add(key)
         if runtime in by_pattern:
             shape = tf.converted_shape(renamer, runtime, {p: [(t.shape, t.dtype) for t in ts]
                                                           for p, ts in by_pattern[runtime].items()}, model)
-        elif len(stored) == 1:
+        elif len(names) == 1:
             shape = stored[0].shape
         else:
             shape = None

@@ -5,11 +5,14 @@ self-contained HTML page. They draw a `BatchSummary` and compute nothing; the JS
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
-from ..run.batch import BatchResult, BatchSummary, Change
 from . import renderer
 from ._inert import html as esc, markdown_code as code, markdown_text, strings_in, terminal as inert
 from ..units import format_bytes, plural, unit_legend
+
+if TYPE_CHECKING:  # annotations only: a `check` that loads every renderer need not import the batch pipeline
+    from ..run.batch import BatchResult, BatchSummary, Change
 
 
 def _sizes(summary: BatchSummary) -> str:

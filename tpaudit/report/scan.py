@@ -3,10 +3,14 @@ with a coverage heat map (no network at view time: inline CSS and a few lines of
 
 from __future__ import annotations
 
-from ..run.scan import COMPONENTS, ScanReport
+from typing import TYPE_CHECKING
+
 from . import renderer
 from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
 from ..units import format_bytes, plural, shorten, unit_legend
+
+if TYPE_CHECKING:  # annotations only: a `check` that loads every renderer need not import the scan
+    from ..run.scan import ScanReport
 
 
 @renderer("scan", "table", rich=True, width=200)
@@ -95,6 +99,8 @@ document.querySelectorAll('th').forEach(function(th, col){
 @renderer("scan", "html")
 def render_html(report: ScanReport, **_) -> str:
     """One self-contained page: architecture x component heat map coloured by the replicated share, sortable."""
+    from ..run.scan import COMPONENTS
+
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in COMPONENTS)
     rows = []
     for m in report.models:

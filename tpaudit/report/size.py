@@ -3,15 +3,18 @@ self-contained HTML page with one stacked bar per option against the GPU's capac
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..sizing import SizeOption, SizeReport
-from ..sizing.training import describe
 from ..units import format_bytes, format_int, unit_legend
 from . import renderer
 from ._inert import html as _esc, terminal as inert
+
+if TYPE_CHECKING:  # annotations only: a `check` that loads every renderer need not import the sizing
+    from ..sizing import SizeOption, SizeReport
 
 _BAR = 48
 
@@ -168,6 +171,8 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
 
 
 def _render_training_table(report: SizeReport, console: Console, unit: str) -> None:
+    from ..sizing.training import describe
+
     rec = report.recommended
     cap = report.gpu["memory_bytes"]
     dtype = report.model.get("dtype") or "bfloat16"
@@ -310,6 +315,8 @@ def render_html(report: SizeReport, *, unit: str = "GiB", **_) -> str:
              "Each bar: the worst rank of the option (the rank needing the most memory); the dashed line is the GPU's "
              "capacity; hover a segment for its exact bytes."]
     if training:
+        from ..sizing.training import describe
+
         dtype = report.model.get("dtype") or "bfloat16"
         try:
             notes.append("Recipe: " + describe(report.training, dtype) + ".")

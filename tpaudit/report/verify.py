@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..units import format_bytes, format_int
-from ..verify import VerifyResult
 from . import renderer
 from ._inert import terminal as inert
+
+if TYPE_CHECKING:  # annotations only: a `check` that loads every renderer need not import verify
+    from ..verify import VerifyResult
 
 
 @renderer("verify", "table", rich=True)

@@ -30,7 +30,7 @@ class PlanSeam:
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
         meta_state_dict = model.state_dict()
-        with self.quiet():
+        with self.quiet(), _regexes_compiled_on_first_use():
             weight_mapping = get_model_conversion_mapping(model, None, quantizer)
         renamings = [t for t in weight_mapping if isinstance(t, WeightRenaming)]
         converters = [t for t in weight_mapping if isinstance(t, WeightConverter)]
@@ -361,6 +361,65 @@ class PlanSeam:
                                     placements=placements, local_shapes=shapes,
                                     module_type=type(module).__name__ if module is not None else ""))
         return out
+
+
+class _LazyPattern:
+    """A compiled regular expression that compiles on first use: `re.compile`'s stand-in while transformers builds its
+    table of checkpoint conversions (see `_regexes_compiled_on_first_use`). Every attribute is the compiled pattern's;
+    a copy is the same object (as a `re.Pattern`'s copy is), so the table's per-model deep copies share one compile;
+    pickled, it is the compiled pattern."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, *args):
+        self._args = args
+        self._compiled = None
+
+    def __getattr__(self, name: str):
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = re.compile(*self._args)
+        return getattr(compiled, name)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return re.compile, self._args
+
+    def __repr__(self) -> str:
+        self.__getattr__("pattern")  # compiled now
+        return repr(self._compiled)
+
+
+@contextlib.contextmanager
+def _regexes_compiled_on_first_use():
+    """While the block runs, `transformers.core_model_loading` compiles its regular expressions on first use.
+
+    The first `get_model_conversion_mapping` of a process builds transformers' table of checkpoint conversions for
+    every model type it knows (`conversion_mapping._build_checkpoint_conversion_mapping`, cached), a few hundred
+    `WeightRenaming`s that each compile their source patterns at construction: about 0.15 s of a check, for one model
+    type's few. Deferred, only the patterns a load matches keys against are compiled; each behaves as the compiled
+    one (`search`, `groupindex`, ...). The module's `re` is put back when the block ends.
+
+    Source: transformers 5.23 `core_model_loading.WeightTransform.__init__` (`self.compiled_sources =
+    re.compile(...)`), `conversion_mapping.get_checkpoint_conversion_mapping`.
+    """
+    import types
+
+    from transformers import core_model_loading
+
+    original = core_model_loading.re
+    shim = types.SimpleNamespace(**{k: getattr(re, k) for k in dir(re) if not k.startswith("__")})
+    shim.compile = _LazyPattern
+    core_model_loading.re = shim
+    try:
+        yield
+    finally:
+        core_model_loading.re = original
 
 
 def _normalised(described: tuple[str, int | None, int, str], ndim: int) -> tuple[str, int | None, int, str]:
