@@ -34,9 +34,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..model import CheckpointTensor, generic_name
+from ..model.source import group_families, name_family as _family
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
-_INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
+# the index parts of many keys joined by newlines (a dot, digits, then a dot, a newline or the end)
+_INDEX_GROUPS = re.compile(r"\.(\d+)(?![^.\n])")
 
 # Tensors a quantized checkpoint stores beside (or instead of) a module's weight.
 QUANT_LEAVES = frozenset({"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_packed",
@@ -204,13 +206,6 @@ class CheckpointMapping:
         return frozenset(generic_name(name).rsplit(".", 1)[0] for name in self.missing)
 
 
-def _family(key: str) -> tuple[str, tuple[str, ...]]:
-    """`model.layers.3.mlp.experts.7.w1.weight` -> (`model.layers.\0.mlp.experts.\0.w1.weight`, ("3", "7")): one
-    pass of the regex; the family key only needs to be the same for keys that differ in their indices."""
-    parts = _INDEX_SPLIT.split(key)
-    return "\0".join(parts[::2]), tuple(parts[1::2])
-
-
 def _template(renamed: str, indices: tuple[str, ...]) -> str | None:
     """The renamed key with each index it carries replaced by `{position in the source indices}`; `None` when an
     index of the runtime name is not one of the source's, or matches several (ambiguous)."""
@@ -226,34 +221,29 @@ def _template(renamed: str, indices: tuple[str, ...]) -> str | None:
     return "".join(out)
 
 
-def group_families(keys: list[str]) -> dict[str, tuple[list[str], list[tuple[str, ...]]]]:
-    """Checkpoint keys grouped by family (`_family`): family key -> `(its keys, their indices)`, two parallel lists in
-    key order (no pair per key: Kimi-K2.5 has 208,550 keys)."""
-    families: dict[str, tuple[list[str], list[tuple[str, ...]]]] = {}
-    split = _INDEX_SPLIT.split
-    for key in keys:
-        parts = split(key)  # `_family`, inline: one call per key fewer
-        generic = "\0".join(parts[::2])
-        members = families.get(generic)
-        if members is None:
-            members = families[generic] = ([], [])
-        members[0].append(key)
-        members[1].append(tuple(parts[1::2]))
-    return families
-
-
-def _generic_names(families: dict[str, tuple[list[str], list[tuple[str, ...]]]]) -> frozenset[str]:
+def _generic_names(families: dict[str, list[str]]) -> frozenset[str]:
     """`{generic_name(key) for every key}` from `group_families`: one `generic_name` per family, whose members differ
     only in the digits of index parts, which `generic_name` replaces by position, whatever the digits. A family where
     `generic_name` keeps an index (one at the start, `0.weight`, or right after another, the `2` of `a.1.2.b`: no
     dot of its own before it) is named key by key."""
     out: set[str] = set()
-    for family, (keys, _) in families.items():
+    for family, keys in families.items():
         if family.startswith("\0") or "\0.\0" in family:
             out.update(map(generic_name, keys))
         else:
             out.add(generic_name(keys[0]))
     return frozenset(out)
+
+
+def _expand(family: str, template: str, members: list[str]) -> list[str] | None:
+    """Every member of `family` renamed by the family's template: the indices of all members found in one regex pass
+    over them joined by newlines, then `template.format` per member at C speed (`starmap`); `None` when the members
+    do not each give the family's count of indices (a family whose keys start with an index)."""
+    k = family.count("\0")
+    flat = _INDEX_GROUPS.findall("\n".join(members))
+    if not k or len(flat) != k * len(members):
+        return None
+    return list(starmap(template.format, zip(*[iter(flat)] * k)))
 
 
 def rename_all(keys: list[str], rename, families: dict | None = None
@@ -272,7 +262,7 @@ def rename_all(keys: list[str], rename, families: dict | None = None
         families = group_families(keys)
     out: dict[str, tuple[str, str | None]] = {}
     per_key = 0
-    for members, indices_of in families.values():
+    for family, members in families.items():
         n = len(members)
         if n < 4:
             for key in members:
@@ -281,7 +271,8 @@ def rename_all(keys: list[str], rename, families: dict | None = None
             continue
         done: dict[str, tuple[str, str | None]] = {}  # keys the loader renamed itself, one by one
         template, pattern = None, None
-        for key, indices in zip(members[:3], indices_of):  # a representative whose indices are unambiguous
+        for key in members[:3]:  # a representative whose indices are unambiguous
+            indices = _family(key)[1]
             renamed, pattern = rename(key)
             done[key] = (renamed, pattern)
             if len(set(indices)) == len(indices):
@@ -292,24 +283,25 @@ def rename_all(keys: list[str], rename, families: dict | None = None
             for i in (n // 2, n - 1):
                 actual = rename(members[i])
                 done[members[i]] = actual
-                if actual != (template.format(*indices_of[i]), pattern):
+                if actual != (template.format(*_family(members[i])[1]), pattern):
                     template = None
                     break
-        if template is None:
+        runtimes = _expand(family, template, members) if template is not None else None
+        if runtimes is None:
             out.update(done)
             for key in members:
                 if key not in out:
                     out[key] = rename(key)
             per_key += n
             continue
-        # every member from the template, at C speed; the keys renamed one by one keep the loader's own answer
-        out.update(zip(members, zip(starmap(template.format, indices_of), repeat(pattern))))
+        # every member from the template at C speed; the keys renamed one by one keep the loader's own answer
+        out.update(zip(members, zip(runtimes, repeat(pattern))))
         out.update(done)
     return out, len(families), per_key
 
 
 def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=None, *,
-                   quantized: bool = False) -> CheckpointMapping:
+                   quantized: bool = False, families: dict[str, list[str]] | None = None) -> CheckpointMapping:
     """Map every checkpoint tensor to a runtime name; add quantization companions to the meta model (in place).
 
     Args:
@@ -317,6 +309,8 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
         tensors (`tuple[CheckpointTensor, ...]`): the checkpoint's tensor table.
         hf_quantizer (`HfQuantizer`, *optional*): the quantizer that ran (its conversions join the loader's).
         quantized (`bool`): the config declares a quantization (companions are only accepted then).
+        families (`dict[str, list[str]]`, *optional*): the tensor names grouped by family
+            (`ModelSource.name_families`), when the source has them already.
 
     Returns:
         `CheckpointMapping`.
@@ -333,7 +327,8 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     state = tf.state_dict_keys(model)  # parameters and persistent buffers: what the loader loads into
     tied = tf.tied_keys(model)
     names = [t.name for t in tensors]
-    families = group_families(names)
+    if families is None:
+        families = group_families(names)
     renamed, mapping.families, mapping.renamed_per_key = rename_all(names, renamer.rename, families)
     mapping.generic_tensor_names = _generic_names(families)  # the evidence stage's, without 200,000 regex calls
 

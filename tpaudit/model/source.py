@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import cached_property, partial
+from itertools import groupby
 from operator import itemgetter, mul
 from typing import Any, Literal, NamedTuple
 
@@ -52,6 +54,48 @@ def checkpoint_tensors(names, dtypes, shapes, files) -> tuple[CheckpointTensor, 
     calls, minus the Python frame per tensor (a checkpoint has up to 208,550). Nothing is validated here: the readers
     check every row first."""
     return tuple(map(partial(tuple.__new__, CheckpointTensor), zip(names, dtypes, shapes, files)))
+
+
+# an index part of a name: a run of digits after a dot (or at the start) up to the next dot or the end
+# (`parallel_utils.replace_layer_number_by_wildcard`'s indices); the same over many names joined by newlines, where a
+# name that starts with an index is found apart
+_INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
+_INDEX_RUNS = re.compile(r"\.\d+(?![^.\n])")
+_INDEX_AT_START = re.compile(r"\n\d")  # searched in "\n" + the joined names (a literal first: a fast search)
+
+
+def name_family(name: str) -> tuple[str, tuple[str, ...]]:
+    """`model.layers.3.mlp.experts.7.w1.weight` -> (`model.layers.\0.mlp.experts.\0.w1.weight`, ("3", "7")): the
+    name's family key (its indices as NUL characters) and its indices."""
+    parts = _INDEX_SPLIT.split(name)
+    return "\0".join(parts[::2]), tuple(parts[1::2])
+
+
+def group_positions(names: list[str]) -> dict[str, list[int]]:
+    """Positions of `names` grouped by family (`name_family`'s key): family key -> the positions of its names in
+    order; families in the order of their first name.
+
+    All names at once (Kimi-K2.5 has 208,550): one regex pass over the names joined by newlines finds every index,
+    then a stable sort groups them, with no Python step per name. Names that form cannot hold (one with a newline, or
+    one that starts with an index) are grouped one by one."""
+    joined = "\n".join(names)
+    if joined.count("\n") != len(names) - 1 or _INDEX_AT_START.search("\n" + joined):
+        families: dict[str, list[int]] = {}
+        for i, name in enumerate(names):
+            families.setdefault(name_family(name)[0], []).append(i)
+        return families
+    keys = _INDEX_RUNS.sub(".\0", joined).split("\n")
+    at = keys.__getitem__
+    grouped = {family: list(positions) for family, positions in groupby(sorted(range(len(names)), key=at), key=at)}
+    return {family: grouped[family] for family in dict.fromkeys(keys)}
+
+
+def group_families(names: list[str], positions: dict[str, list[int]] | None = None) -> dict[str, list[str]]:
+    """`names` grouped by family: family key -> its names in order (`group_positions`, or `positions` when the
+    caller has them)."""
+    at = names.__getitem__
+    return {family: list(map(at, where))
+            for family, where in (positions if positions is not None else group_positions(names)).items()}
 
 
 def total_bytes(tensors) -> int:
@@ -123,6 +167,15 @@ class ModelSource:
         if self.tensors is None:
             return None
         return frozenset(generic_name(t.name) for t in self.tensors)
+
+    @cached_property
+    def name_families(self) -> dict[str, list[str]] | None:
+        """The checkpoint's tensor names grouped by family (`group_families`: names that differ only in their layer
+        and expert indices), `None` for a config-only model; computed once per source (or handed over with it by
+        the child that read it, `sources.beside`)."""
+        if self.tensors is None:
+            return None
+        return group_families(list(map(itemgetter(0), self.tensors)))
 
     @cached_property
     def checkpoint_bytes(self) -> int | None:
