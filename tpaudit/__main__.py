@@ -1,6 +1,6 @@
 """`python -m tpaudit` runs the command line."""
 
-from .cli.app import main
+from .cli.app import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

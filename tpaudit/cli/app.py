@@ -98,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     return int(result) if isinstance(result, int) else 0
 
 
+def run() -> None:
+    """The console script (`tpaudit`) and `python -m tpaudit`: `main`, then the process ends at once with its exit
+    code (`tpaudit._process.exit_now`: no teardown of the objects a check leaves)."""
+    from .._process import exit_now
+
+    exit_now(main())
+
+
 def _closed_stdout() -> int:
     """The reader of stdout went away (`tpaudit check ... | head`): nothing to report, nobody to report it to. End as
     a process killed by SIGPIPE does (128 + 13), with stdout pointed at /dev/null so that the interpreter's last flush
@@ -113,4 +121,4 @@ def _closed_stdout() -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

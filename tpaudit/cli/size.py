@@ -116,7 +116,6 @@ def size(
     from ..errors import UsageError
     from ..sizing.gpus import GPU_MEMORY_MIB, gpu_memory_bytes
     from ..sizing import parse_overhead, size_model
-    from ..sources import open_source
     from ..units import parse_bytes
     from ..report import get
     from ._output import emit
@@ -139,8 +138,11 @@ def size(
     get("size", format)
     setup = _training_setup(training, optimizer, master_weights, grad_dtype, optimizer_dtype, activation_budget)
     plan_override = load_plan_file(plan) if plan is not None else None
-    source = open_source(model, revision=revision, token=token,
-                         progress=format == "table" and sys.stdout.isatty())
+    from ..compat import versions
+    from ..sources.beside import read_beside
+
+    source, _ = read_beside(model, versions, revision=revision, token=token,
+                            progress=format == "table" and sys.stdout.isatty())
     report = size_model(source, capacity_bytes=capacity, gpu_name=gpu, tp_sizes=_int_list(tp, "--tp"),
                         ep_sizes=_int_list(ep, "--ep"), context=context, batch=batch, kv_dtype=kv_dtype,
                         overhead=parse_overhead(overhead), plan_override=plan_override, architecture=architecture,

@@ -81,9 +81,12 @@ class Audit:
             ModelReferenceError, HubError, UsageError: the reference cannot be read (see `sources.open_source`).
             UnsupportedVersionError, ConfigError, PlanError: see `metamodel.build_model`.
         """
-        from ..sources import open_source
+        from ..compat import versions
+        from ..sources.beside import read_beside
 
-        return cls(open_source(ref, revision=revision, token=token, progress=progress), options)
+        # the source is read beside the import of torch and transformers where the process allows it
+        source, _ = read_beside(ref, versions, revision=revision, token=token, progress=progress)
+        return cls(source, options)
 
     def check(self, request: CheckRequest) -> Report:
         """One `check`: the report for `request.sizes`, with the `--suggest` section and the baseline applied as

@@ -1,0 +1,123 @@
+"""A tpaudit process reads a local or snapshot source in a forked child while it imports torch and transformers
+(`sources.beside`, `_process.Beside`), and ends without tearing down its objects (`_process.exit_now`). The child is a
+head start, never a second way to read: reports and errors must be the same as when this process reads the source
+itself, and the child must really have done the reading."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, ROOT, run_cli, run_main
+
+KIMI = str(FIXTURES / "kimi-k2.5.snapshot.json.gz")
+QWEN = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
+
+# a tpaudit-owned process (tuned, torch not imported) reading `ref` beside a stand-in for the imports, recording the
+# pid of every process that opened the source, then the source's size and the families of its names
+_READ = """
+import json, os, sys
+from tpaudit._process import tune_gc
+tune_gc()
+import tpaudit.sources as sources
+from tpaudit.sources.beside import read_beside
+opened = []
+real = sources.open_source
+def recording(*args, **kwargs):
+    with open(sys.argv[2], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    return real(*args, **kwargs)
+sources.open_source = recording
+source, work = read_beside(sys.argv[1], lambda: "imported")
+families = source.name_families
+print(json.dumps({"pid": os.getpid(), "work": work, "tensors": len(source.tensors or ()),
+                  "first": list(source.tensors[0]) if source.tensors else None,
+                  "families": {k.replace("\\0", "*"): len(v) for k, v in (families or {}).items()}}))
+"""
+
+
+def _read_in_child(ref: str, tmp_path) -> tuple[dict, list[int]]:
+    log = tmp_path / "opened"
+    proc = subprocess.run([sys.executable, "-c", _READ, ref, str(log)], capture_output=True, text=True, cwd=str(ROOT),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), [int(x) for x in log.read_text().split()]
+
+
+def test_the_child_reads_the_source_and_hands_over_the_same_tensors_and_families(tmp_path):
+    from tpaudit.model.source import name_family
+    from tpaudit.sources import open_source
+
+    out, opened = _read_in_child(KIMI, tmp_path)
+    assert out["work"] == "imported"
+    assert len(opened) == 1 and opened[0] != out["pid"]  # read once, by another process: the child
+    here = open_source(KIMI)
+    assert out["tensors"] == len(here.tensors) == 208_550
+    assert out["first"] == [here.tensors[0].name, here.tensors[0].dtype, list(here.tensors[0].shape),
+                            here.tensors[0].file]
+    # the families, counted here name by name with the one-name form
+    counts: dict[str, int] = {}
+    for t in here.tensors:
+        family = name_family(t.name)[0].replace("\0", "*")
+        counts[family] = counts.get(family, 0) + 1
+    assert out["families"] == counts
+    assert counts["language_model.model.layers.*.mlp.experts.*.gate_proj.weight_packed"] == 60 * 384
+
+
+def test_a_source_the_child_cannot_read_is_read_here_and_fails_with_the_usual_error(tmp_path):
+    bad = tmp_path / "bad.snapshot.json"
+    bad.write_text(json.dumps({"schema": "tpaudit/snapshot/v1", "config": {"model_type": "llama"},
+                               "tensors": [["a.weight", "NOPE", [1], None]]}))
+    proc = subprocess.run([sys.executable, "-c", _READ, str(bad), str(tmp_path / "opened")], capture_output=True,
+                          text=True, cwd=str(ROOT), timeout=120)
+    assert proc.returncode == 1 and "SnapshotError" in proc.stderr and "has dtype 'NOPE'" in proc.stderr
+    pids = (tmp_path / "opened").read_text().split()
+    assert len(pids) == 2 and pids[0] != pids[1]  # the child tried, then this process read it and raised
+    cli = run_cli("check", str(bad), "--tp", "2")
+    here = run_main("check", str(bad), "--tp", "2")
+    assert (cli.returncode, cli.stderr) == (here.returncode, here.stderr) == (2, here.stderr)
+    assert "has dtype 'NOPE'" in cli.stderr
+
+
+def test_a_child_that_dies_hands_over_nothing():
+    code = ("import os, signal\nfrom tpaudit._process import tune_gc, Beside\ntune_gc()\n"
+            "ok = Beside.start(lambda: b'x' * 100000)\nraises = Beside.start(lambda: 1 / 0)\n"
+            "killed = Beside.start(lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
+            "print(ok.result() == b'x' * 100000, raises.result(), killed.result())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert proc.stdout.split() == ["True", "None", "None"], proc.stderr
+
+
+def test_no_child_in_a_process_that_imported_torch_or_did_not_tune_itself():
+    code = ("from tpaudit._process import may_fork, tune_gc\nfirst = may_fork()\nimport torch\ntune_gc()\n"
+            "print(first, may_fork())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert proc.stdout.split() == ["False", "False"], proc.stderr
+    import torch  # noqa: F401 - this test process, tuned by conftest, imports torch here if no test did before
+    from tpaudit._process import Beside
+
+    assert Beside.start(lambda: b"") is None
+
+
+@pytest.mark.parametrize("fixture, tp", [(QWEN, "4"), (str(FIXTURES / "deepseek-v3.snapshot.json.gz"), "8")])
+def test_the_report_from_the_command_line_is_the_report_read_in_process(fixture, tp, tmp_path):
+    from tpaudit.sources import open_source
+    from tpaudit.sources.sparse import write_sparse_checkpoint
+
+    directory = tmp_path / "model"
+    write_sparse_checkpoint(open_source(fixture), directory)
+    for ref in (fixture, str(directory)):
+        cli = run_cli("check", ref, "--tp", tp, "--format", "json", "--no-parity")
+        here = run_main("check", ref, "--tp", tp, "--format", "json", "--no-parity")
+        assert cli.returncode == here.returncode and cli.stderr == here.stderr
+        assert json.loads(cli.stdout) == json.loads(here.stdout)
+        assert cli.stdout == here.stdout
+
+
+def test_a_closed_stdout_still_ends_the_process_as_sigpipe_does():
+    proc = subprocess.run(f"{sys.executable} -m tpaudit check {QWEN} --tp 4 --format json | head -c 1",
+                          shell=True, capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert proc.stdout == "{" and "Traceback" not in proc.stderr
