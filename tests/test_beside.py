@@ -121,3 +121,23 @@ def test_a_closed_stdout_still_ends_the_process_as_sigpipe_does():
     proc = subprocess.run(f"{sys.executable} -m tpaudit check {QWEN} --tp 4 --format json | head -c 1",
                           shell=True, capture_output=True, text=True, cwd=str(ROOT), timeout=120)
     assert proc.stdout == "{" and "Traceback" not in proc.stderr
+
+
+def test_the_import_phase_frees_the_copies_of_sys_modules_inspect_leaves_and_puts_inspect_back():
+    # torch's import parses builtin signatures with inspect._signature_fromstr, which leaves a copy of sys.modules in a
+    # reference cycle per call; the paused import phase frees each right after the call instead of collecting all
+    code = ("import gc, inspect\nfrom tpaudit._process import tune_gc\ntune_gc()\n"
+            "from tpaudit.compat import backend\nbackend()\n"
+            "restored = inspect._signature_fromstr.__qualname__ == '_signature_fromstr'\n"
+            "gc.unfreeze(); gc.set_debug(gc.DEBUG_SAVEALL); gc.collect()\n"
+            "copies = [o for o in gc.garbage if isinstance(o, dict) and 'sys' in o and 'builtins' in o]\n"
+            "print(restored, len(copies))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert proc.stdout.split() == ["True", "0"], proc.stdout + proc.stderr
+    # without the wrapper the same import leaves them (the check above can fail)
+    unwrapped = code.replace("tune_gc()\n", "tune_gc()\nimport tpaudit._process as p; "
+                                               "p._collect_around_signature_parsing(False)\n")
+    proc = subprocess.run([sys.executable, "-c", unwrapped], capture_output=True, text=True, cwd=str(ROOT),
+                          timeout=120)
+    restored, copies = proc.stdout.split()
+    assert restored == "True" and int(copies) > 10, proc.stdout + proc.stderr

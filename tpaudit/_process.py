@@ -13,11 +13,20 @@ same reason; collections still run, so cyclic garbage is still freed and memory 
 process (modules, functions, classes), and even at 200,000 the collector walked them a dozen times while they were
 imported (a Kimi-K2.5 check: about 0.4 s of its CPU time, a Qwen3-VL-30B-A3B check 0.2 s). A process that has not
 imported torch yet when it is tuned therefore starts with the collector paused; the seam's first probe, which
-imports them (`compat.backend`), ends the pause (`resume_gc`): one full collection frees the cyclic garbage the
-imports left (about 9,000 objects, 7 MB: without it a check's peak RSS rose by 6 MiB), what survives is moved to the
-permanent generation (`gc.freeze`, as a pre-fork server does), never walked again, and the collector runs as above
-for everything the check itself allocates. A process that imported torch before (a test process calling `main`)
-keeps its collector running throughout.
+imports them (`compat.backend`), ends the pause (`resume_gc`): what the imports left is moved to the permanent
+generation (`gc.freeze`, as a pre-fork server does), never walked again, and the collector runs as above for
+everything the check itself allocates. A process that imported torch before (a test process calling `main`) keeps
+its collector running throughout.
+
+**The imports' garbage.** The imports leave about 9,000 objects of cyclic garbage, 7 MB, and nearly all of the bytes
+come from one function: CPython's `inspect._signature_fromstr` (3.11-3.13) copies `sys.modules` into a closure of a
+class it defines on every call, a reference cycle that only the collector frees, and torch's import calls it 58
+times (6 MB of dict copies). Freeing them with one full collection at the end of the import phase walks all two
+million objects (0.3 s, the largest single cost of a Qwen3-VL check beyond the imports), and freezing them instead
+raised a check's peak RSS by 6 MiB. So, while the collector is paused, that function is wrapped: before each call
+everything that exists is frozen, after it a collection of the youngest generation walks only the call's own objects
+and frees its copy (the function is put back when the pause ends). What stays frozen is about 0.9 MB of small
+objects (a check's peak RSS stays under its figure before this change: `scripts/benchmark.py`).
 """
 
 from __future__ import annotations
@@ -42,18 +51,44 @@ def tune_gc() -> None:
     if "torch" not in sys.modules and gc.isenabled():
         gc.disable()
         _paused = True
+        _collect_around_signature_parsing(True)
 
 
 def resume_gc() -> None:
-    """End the import phase of a process `tune_gc` paused: free the imports' cyclic garbage (one full collection),
-    freeze what survives (torch's and transformers' modules, the permanent generation) and collect again. A no-op in
-    any other process (a user's process that imports tpaudit as a library is never paused)."""
+    """End the import phase of a process `tune_gc` paused: freeze what the imports left (torch's and transformers'
+    modules, the permanent generation) and let the collector run again. A no-op in any other process (a user's
+    process that imports tpaudit as a library is never paused)."""
     global _paused
     if _paused:
         _paused = False
-        gc.collect()
+        _collect_around_signature_parsing(False)
         gc.freeze()
         gc.enable()
+
+
+_PARSE_SIGNATURE = None
+
+
+def _collect_around_signature_parsing(on: bool) -> None:
+    """While the import phase pauses the collector, free the cyclic garbage of `inspect._signature_fromstr` right
+    after each call (see the module docstring); `on=False` puts the function back."""
+    global _PARSE_SIGNATURE
+    import inspect
+
+    if on and _PARSE_SIGNATURE is None and callable(getattr(inspect, "_signature_fromstr", None)):
+        original = _PARSE_SIGNATURE = inspect._signature_fromstr
+
+        def parse_then_collect(*args, **kwargs):
+            gc.freeze()  # what exists before the call is not walked below (the import phase freezes it anyway)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                gc.collect(0)  # the call's own objects only: its class, closures and copy of sys.modules
+
+        inspect._signature_fromstr = parse_then_collect
+    elif not on and _PARSE_SIGNATURE is not None:
+        inspect._signature_fromstr = _PARSE_SIGNATURE
+        _PARSE_SIGNATURE = None
 
 
 def may_fork() -> bool:
