@@ -211,8 +211,13 @@ GOALS = (
     ("check qwen3-vl tp 4 (model directory)", "transformers alone qwen3-vl", 1.15,
      "check Qwen3-VL-30B-A3B tp 4, model directory / transformers alone"),
     ("check deepseek-v3 tp 8 (repeat run)", "transformers alone deepseek-v3", 1.25,
-     "check DeepSeek-V3 tp 8, repeat run / transformers alone"),
-    ("check kimi-k2.5 tp 8", "transformers alone kimi-k2.5", 1.30, "check Kimi-K2.5 tp 8 / transformers alone"),
+     "check DeepSeek-V3 tp 8, snapshot, repeat run / transformers alone"),
+    ("check deepseek-v3 tp 8 (model directory, repeat run)", "transformers alone deepseek-v3", 1.25,
+     "check DeepSeek-V3 tp 8, model directory, repeat run / transformers alone"),
+    ("check kimi-k2.5 tp 8", "transformers alone kimi-k2.5", 1.30,
+     "check Kimi-K2.5 tp 8, snapshot / transformers alone"),
+    ("check kimi-k2.5 tp 8 (model directory)", "transformers alone kimi-k2.5", 1.30,
+     "check Kimi-K2.5 tp 8, model directory / transformers alone"),
     ("size qwen3-vl tp 1,2,4,8", "check qwen3-vl tp 4 (snapshot)", 1.10, "size over tp 1,2,4,8 / one check"),
     ("check --suggest qwen2-moe tp 4", "check qwen2-moe tp 4", 1.30, "check --suggest / check"),
     ("tpaudit --help", "import", 0.10, "tpaudit --help / the yardstick import"),
@@ -241,7 +246,11 @@ def check_rows(args, tmp: Path) -> None:
         "check qwen3-vl tp 4 (model directory)": tpaudit("check", str(tmp / "qwen3-vl"), "--tp", "4", "--format",
                                                          "json"),
         "check deepseek-v3 tp 8 (repeat run)": tpaudit("check", deepseek, "--tp", "8", "--format", "json"),
+        "check deepseek-v3 tp 8 (model directory, repeat run)": tpaudit("check", str(tmp / "deepseek-v3"), "--tp",
+                                                                         "8", "--format", "json"),
         "check kimi-k2.5 tp 8": tpaudit("check", kimi, "--tp", "8", "--format", "json"),
+        "check kimi-k2.5 tp 8 (model directory)": tpaudit("check", str(tmp / "kimi-k2.5"), "--tp", "8", "--format",
+                                                          "json"),
         "size qwen3-vl tp 1,2,4,8": tpaudit("size", qwen, "--gpu-memory", "80GB", "--tp", "1,2,4,8", "--format",
                                             "json"),
         "check qwen2-moe tp 4": tpaudit("check", qwen2_moe, "--tp", "4", "--format", "json"),
@@ -251,19 +260,23 @@ def check_rows(args, tmp: Path) -> None:
     if not args.skip_scan:
         rows["scan (whole zoo)"] = tpaudit("scan", "--tp", "4", "--format", "json", "--jobs", "2")
     if not Path(kimi).is_file():
-        rows.pop("check kimi-k2.5 tp 8")
-        rows.pop("transformers alone kimi-k2.5")
+        for name in ("check kimi-k2.5 tp 8", "check kimi-k2.5 tp 8 (model directory)", "transformers alone kimi-k2.5"):
+            rows.pop(name)
     selected = {k: v for k, v in rows.items()
                 if k.startswith(("import", "transformers alone")) or not args.only
                 or any(word in k for word in args.only)}
-    if "check qwen3-vl tp 4 (model directory)" in selected:
-        sys.path.insert(0, str(ROOT))
-        from tpaudit.sources import open_source
-        from tpaudit.sources.sparse import write_sparse_checkpoint
-
-        write_sparse_checkpoint(open_source(qwen), tmp / "qwen3-vl")
-    if "check deepseek-v3 tp 8 (repeat run)" in selected:  # the first run, unmeasured, fills the caches
-        run(selected["check deepseek-v3 tp 8 (repeat run)"], env)
+    # model directories as a download or the Hub cache holds them: config.json, the index and every safetensors
+    # header of the snapshot's checkpoint, each shard file sparse (no weights)
+    # (in a child process: Linux carries a process's peak RSS into the children it forks, so reading Kimi-K2.5 here
+    # would raise every row's figure to this process's)
+    for name, snapshot in (("qwen3-vl", qwen), ("deepseek-v3", deepseek), ("kimi-k2.5", kimi)):
+        if any(name in row and "model directory" in row for row in selected):
+            subprocess.run([PY, "-c", "import sys; from tpaudit.sources import open_source; from tpaudit.sources.sparse "
+                            "import write_sparse_checkpoint; write_sparse_checkpoint(open_source(sys.argv[1]), "
+                            "sys.argv[2])", snapshot, str(tmp / name)], cwd=ROOT, check=True)
+    for name in selected:  # the first run, unmeasured, fills the caches
+        if "repeat run" in name:
+            run(selected[name], env)
     # Rounds: each round runs every row once, so the two runs of a ratio are close in time; a ratio is the median of
     # its per-round ratios (a slow or a lucky round does not move it), the table the fastest run of each row.
     walls: dict[str, list[float]] = {name: [] for name in selected}
@@ -301,7 +314,8 @@ def check_rows(args, tmp: Path) -> None:
         if name in results:
             print(f"  {per_round(name, 'import'):5.2f}x  {name} / import")
     for name in ("check qwen3-vl tp 4 (snapshot)", "check qwen3-vl tp 4 (model directory)",
-                 "check deepseek-v3 tp 8 (repeat run)", "check kimi-k2.5 tp 8"):
+                 "check deepseek-v3 tp 8 (repeat run)", "check deepseek-v3 tp 8 (model directory, repeat run)",
+                 "check kimi-k2.5 tp 8", "check kimi-k2.5 tp 8 (model directory)"):
         if name in results:
             print(f"  {per_round(name, 'import floor'):5.2f}x  {name} / import floor")
 
