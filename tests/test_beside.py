@@ -91,6 +91,19 @@ def test_a_child_that_dies_hands_over_nothing():
     assert proc.stdout.split() == ["True", "None", "None"], proc.stderr
 
 
+def test_when_the_work_beside_fails_the_child_is_stopped_and_the_error_raised():
+    # the child would read for a minute; the work fails at once: the error comes at once and no child is left
+    code = ("import os, time\nfrom tpaudit._process import tune_gc\ntune_gc()\n"
+            "from tpaudit.sources import beside\nimport tpaudit.sources as sources\n"
+            "sources.open_source = lambda *a, **k: time.sleep(60)\n"
+            "def work():\n    raise RuntimeError('imports-failed')\n"
+            "start = time.monotonic()\ntry:\n    beside.read_beside(%r, work)\nexcept RuntimeError as e:\n"
+            "    print(e, time.monotonic() - start < 10)\n"
+            "try:\n    os.waitpid(-1, os.WNOHANG)\nexcept ChildProcessError:\n    print('no-child')\n" % QWEN)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert proc.stdout.split() == ["imports-failed", "True", "no-child"], proc.stdout + proc.stderr
+
+
 def test_no_child_in_a_process_that_imported_torch_or_did_not_tune_itself():
     code = ("from tpaudit._process import may_fork, tune_gc\nfirst = may_fork()\nimport torch\ntune_gc()\n"
             "print(first, may_fork())")

@@ -137,6 +137,21 @@ class Beside:
         os.close(write_fd)
         return cls(pid, read_fd)
 
+    def cancel(self) -> None:
+        """Stop the child and forget its value (the caller failed before it needed it)."""
+        import os
+        import signal
+
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.close(self._fd)
+        try:
+            os.waitpid(self._pid, 0)
+        except ChildProcessError:
+            pass
+
     def result(self) -> bytes | None:
         """The child's value, once it exits; `None` when it handed over none (see the class docstring)."""
         import os

@@ -47,8 +47,10 @@ def read_beside(ref: str, work: Callable[[], T], *, revision: str | None = None,
         return source, work()
     try:
         done = work()
-    finally:
-        data = child.result()
+    except BaseException:
+        child.cancel()
+        raise
+    data = child.result()
     source = _unpack(data) if data is not None else None
     return (source if source is not None else read()), done
 
