@@ -137,3 +137,54 @@ def test_family_expansion_keeps_special_characters_and_reordered_indices():
     mapped, families, _ = rename_all(keys, rename)
     assert mapped == {k: rename(k) for k in keys}
     assert families == 5
+
+
+def _classified_both_ways(ref: str):
+    """The build's checkpoint mapping of `ref`, classified a runtime name at a time (as every build does) and tensor by
+    tensor (`_classify_tensor_by_tensor`, the plain loop over the checkpoint in order), as comparable values with
+    every order kept."""
+    from unittest import mock
+
+    from tpaudit.metamodel import BuildOptions, build_model, mapping as m
+    from tpaudit.sources import open_source
+
+    def values(built):
+        mp = built.mapping
+        return {"by_param": list(mp.by_param.items()),
+                "sources": [(r, [(p, [t.name for t in ts]) for p, ts in ps.items()]) for r, ps in mp.sources.items()],
+                "unmapped": [(t.name, r) for t, r in mp.unmapped], "buffers": mp.buffers,
+                "casts": list(mp.casts.items()), "outside": mp.outside_parameters_bytes, "missing": mp.missing,
+                "mismatches": [(x.name, x.checkpoint_shape) for x in mp.shape_mismatches],
+                "companions": list(mp.companions)}
+
+    def slow(mapping, tensors, positions, renamed, params, state, tied, tf):
+        families = m.group_families([t.name for t in tensors], positions)
+        return m._classify_tensor_by_tensor(mapping, None, tensors, families, renamed, params, state, tied, tf,
+                                            claim=False)
+
+    fast = values(build_model(open_source(ref), BuildOptions()))
+    with mock.patch.object(m, "_classify_by_family", slow):
+        loop = values(build_model(open_source(ref), BuildOptions()))
+    return fast, loop
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "deepseek-v3", "qwen3-vl-30b-a3b-instruct",
+                                  "qwen3-30b-a3b-thinking-2507-fp8", "qwen3.5-35b-a3b"])
+def test_classifying_a_runtime_name_at_a_time_equals_the_tensor_by_tensor_loop(name):
+    fast, loop = _classified_both_ways(str(FIXTURES / f"{name}.snapshot.json.gz"))
+    assert fast == loop
+    assert fast["by_param"]  # the comparison saw a mapping
+
+
+@pytest.mark.slow
+def test_classifying_a_runtime_name_at_a_time_equals_the_loop_on_every_fixture():
+    from tpaudit.sources import open_source
+
+    compared = 0
+    for path in sorted(FIXTURES.glob("*.snapshot.json.gz")):
+        if open_source(str(path)).tensors is None:
+            continue  # config only: no checkpoint to classify
+        fast, loop = _classified_both_ways(str(path))
+        assert fast == loop, path.name
+        compared += 1
+    assert compared >= 8

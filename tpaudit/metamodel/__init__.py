@@ -381,7 +381,7 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
     mapping = None
     if source.tensors is not None:
         mapping = map_checkpoint(model, source.tensors, quantizer, quantized=qinfo is not None,
-                                 families=source.name_families)
+                                 positions=source.name_positions)
         notes.extend(_mapping_notes(mapping))
     text_prefix = tf.text_prefix(model, owner)
     facts = read_facts(tf, config, owner, modules, text_prefix)

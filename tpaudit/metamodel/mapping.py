@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from itertools import repeat, starmap
+from itertools import chain, groupby, repeat, starmap
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import itemgetter
 
 from ..model import CheckpointTensor, generic_name
-from ..model.source import group_families, name_family as _family
+from ..model.source import group_families, group_positions, name_family as _family
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
+_NAME, _DTYPE = itemgetter(0), itemgetter(1)  # a CheckpointTensor's name and dtype, at C speed
 # the index parts of many keys joined by newlines (a dot, digits, then a dot, a newline or the end)
 _INDEX_GROUPS = re.compile(r"\.(\d+)(?![^.\n])")
 
@@ -246,62 +248,71 @@ def _expand(family: str, template: str, members: list[str]) -> list[str] | None:
     return list(starmap(template.format, zip(*[iter(flat)] * k)))
 
 
-def rename_all(keys: list[str], rename, families: dict | None = None
-               ) -> tuple[dict[str, tuple[str, str | None]], int, int]:
+def rename_families(families: dict[str, list[str]], rename
+                    ) -> tuple[dict[str, tuple[list[str], list[str | None]]], int]:
     """Rename every checkpoint key, once per family where the family allows it.
 
     Args:
-        keys (`list[str]`): checkpoint keys.
+        families (`dict[str, list[str]]`): `group_families(keys)`: family key -> its keys.
         rename (`Callable[[str], tuple[str, str | None]]`): the loader's renaming of one key (the seam's `Renamer`).
-        families (`dict`, *optional*): `group_families(keys)`, when the caller has it already.
 
     Returns:
-        `(key -> (runtime name, converter source pattern), families, keys renamed one by one)`.
+        `(family key -> (runtime names, converter source patterns), keys renamed one by one)`: two lists per family,
+        aligned with its keys.
     """
-    if families is None:
-        families = group_families(keys)
-    out: dict[str, tuple[str, str | None]] = {}
+    out: dict[str, tuple[list[str], list[str | None]]] = {}
     per_key = 0
     for family, members in families.items():
         n = len(members)
         if n < 4:
-            for key in members:
-                out[key] = rename(key)
+            pairs = list(map(rename, members))
+            out[family] = [r for r, _ in pairs], [p for _, p in pairs]
             per_key += n
             continue
-        done: dict[str, tuple[str, str | None]] = {}  # keys the loader renamed itself, one by one
+        done: dict[int, tuple[str, str | None]] = {}  # members the loader renamed itself, one by one
         template, pattern = None, None
-        for key in members[:3]:  # a representative whose indices are unambiguous
-            indices = _family(key)[1]
-            renamed, pattern = rename(key)
-            done[key] = (renamed, pattern)
+        for i in range(3):  # a representative whose indices are unambiguous
+            indices = _family(members[i])[1]
+            renamed, pattern = done[i] = rename(members[i])
             if len(set(indices)) == len(indices):
                 template = _template(renamed, indices)
                 if template is not None:
                     break
         if template is not None:
             for i in (n // 2, n - 1):
-                actual = rename(members[i])
-                done[members[i]] = actual
+                actual = done[i] = rename(members[i])
                 if actual != (template.format(*_family(members[i])[1]), pattern):
                     template = None
                     break
         runtimes = _expand(family, template, members) if template is not None else None
         if runtimes is None:
-            out.update(done)
-            for key in members:
-                if key not in out:
-                    out[key] = rename(key)
+            pairs = [done[i] if i in done else rename(key) for i, key in enumerate(members)]
+            out[family] = [r for r, _ in pairs], [p for _, p in pairs]
             per_key += n
             continue
-        # every member from the template at C speed; the keys renamed one by one keep the loader's own answer
-        out.update(zip(members, zip(runtimes, repeat(pattern))))
-        out.update(done)
+        # every member from the template at C speed; the members renamed one by one keep the loader's own answer
+        patterns = [pattern] * n
+        for i, (renamed, own_pattern) in done.items():
+            runtimes[i], patterns[i] = renamed, own_pattern
+        out[family] = runtimes, patterns
+    return out, per_key
+
+
+def rename_all(keys: list[str], rename, families: dict | None = None
+               ) -> tuple[dict[str, tuple[str, str | None]], int, int]:
+    """`rename_families` as one mapping: `(key -> (runtime name, converter source pattern), families, keys renamed
+    one by one)`; `families` is `group_families(keys)` when the caller has it already."""
+    if families is None:
+        families = group_families(keys)
+    by_family, per_key = rename_families(families, rename)
+    out: dict[str, tuple[str, str | None]] = {}
+    for family, members in families.items():
+        out.update(zip(members, zip(*by_family[family])))
     return out, len(families), per_key
 
 
 def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=None, *,
-                   quantized: bool = False, families: dict[str, list[str]] | None = None) -> CheckpointMapping:
+                   quantized: bool = False, positions: dict[str, list[int]] | None = None) -> CheckpointMapping:
     """Map every checkpoint tensor to a runtime name; add quantization companions to the meta model (in place).
 
     Args:
@@ -309,8 +320,8 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
         tensors (`tuple[CheckpointTensor, ...]`): the checkpoint's tensor table.
         hf_quantizer (`HfQuantizer`, *optional*): the quantizer that ran (its conversions join the loader's).
         quantized (`bool`): the config declares a quantization (companions are only accepted then).
-        families (`dict[str, list[str]]`, *optional*): the tensor names grouped by family
-            (`ModelSource.name_families`), when the source has them already.
+        positions (`dict[str, list[int]]`, *optional*): the tensors' positions grouped by the family of their names
+            (`ModelSource.name_positions`), when the source has them already.
 
     Returns:
         `CheckpointMapping`.
@@ -327,45 +338,18 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
     state = tf.state_dict_keys(model)  # parameters and persistent buffers: what the loader loads into
     tied = tf.tied_keys(model)
     names = [t.name for t in tensors]
-    if families is None:
-        families = group_families(names)
-    renamed, mapping.families, mapping.renamed_per_key = rename_all(names, renamer.rename, families)
+    if positions is None:
+        positions = group_positions(names)
+    families = group_families(names, positions)
+    renamed, mapping.renamed_per_key = rename_families(families, renamer.rename)
+    mapping.families = len(families)
     mapping.generic_tensor_names = _generic_names(families)  # the evidence stage's, without 200,000 regex calls
 
-    by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
     may_claim = quantized and hf_quantizer is None  # companions: quantization tensors no quantizer took
-    module_names = {n for n, _ in model.named_modules()} if may_claim else set()
-    stored_names: dict[str, str] = {}
-    unmapped = mapping.unmapped
-    for tensor in tensors:
-        runtime, pattern = renamed[tensor.name]
-        if runtime in state and runtime not in params and runtime not in tied:
-            mapping.buffers.append(tensor.name)  # a persistent buffer (e.g. a router's correction bias)
-            continue
-        if runtime in params or runtime in tied:
-            mapping.by_param.setdefault(runtime, []).append(tensor.name)
-            if pattern is not None:
-                by_pattern[runtime][pattern].append(tensor)
-                if tensor.name.endswith("_scales") and not runtime.endswith("_scales"):
-                    mapping.outside_parameters_bytes += tensor.nbytes
-            shape, dtype, floating = params.get(runtime, (None, None, False))
-            if floating and tensor.dtype.startswith(("F", "BF")):
-                stored = stored_names.get(tensor.dtype)
-                if stored is None:
-                    stored = stored_names[tensor.dtype] = str(tf.torch_dtype(tensor.dtype)).removeprefix("torch.")
-                if stored != dtype:
-                    mapping.casts[(tensor.dtype, dtype)] = mapping.casts.get((tensor.dtype, dtype), 0) + 1
-            continue
-        if not may_claim:  # no companion can be claimed: the tensor maps to nothing
-            unmapped.append((tensor, runtime))
-            continue
-        module_name, _, leaf = runtime.rpartition(".")
-        claimed = is_quant_tensor_name(leaf)
-        if (module_name not in module_names or not leaf or not claimed or runtime in mapping.companions
-                or leaf in tf.module_buffers(model, module_name)):
-            unmapped.append((tensor, runtime))
-            continue
-        mapping.companions[runtime] = tensor
+    if may_claim:
+        by_pattern = _classify_tensor_by_tensor(mapping, model, tensors, families, renamed, params, state, tied, tf)
+    else:
+        by_pattern = _classify_by_family(mapping, tensors, positions, renamed, params, state, tied, tf)
 
     # one tensor the loader splits into several parameters (a Chunk of a fused wqkv into q/k/v): the first target
     # is its renamed key; the others are filled by the same conversion, so they are not missing
@@ -395,6 +379,130 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
                        if name not in mapping.by_param and name not in mapping.companions and name not in tied
                        and name not in filled]
     return mapping
+
+
+def _classify_tensor_by_tensor(mapping: CheckpointMapping, model, tensors, families, renamed, params, state, tied,
+                               tf, claim: bool = True) -> dict[str, dict[str, list[CheckpointTensor]]]:
+    """`map_checkpoint`'s classification tensor by tensor, in checkpoint order, where companions may be claimed (a
+    quantized checkpoint whose quantizer could not run: the first tensor to claim a name wins it). With
+    `claim=False`, what `_classify_by_family` computes, the slow way (`tests/test_mapping.py` compares them)."""
+    by_key = {}
+    for family, members in families.items():
+        by_key.update(zip(members, zip(*renamed[family])))
+    by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
+    module_names = {n for n, _ in model.named_modules()} if claim else set()
+    stored_names: dict[str, str] = {}
+    for tensor in tensors:
+        runtime, pattern = by_key[tensor.name]
+        if runtime in state and runtime not in params and runtime not in tied:
+            mapping.buffers.append(tensor.name)  # a persistent buffer (e.g. a router's correction bias)
+            continue
+        if runtime in params or runtime in tied:
+            mapping.by_param.setdefault(runtime, []).append(tensor.name)
+            if pattern is not None:
+                by_pattern[runtime][pattern].append(tensor)
+                if tensor.name.endswith("_scales") and not runtime.endswith("_scales"):
+                    mapping.outside_parameters_bytes += tensor.nbytes
+            _count_casts(mapping, (tensor,), params.get(runtime, (None, None, False)), stored_names, tf)
+            continue
+        module_name, _, leaf = runtime.rpartition(".")
+        claimed = claim and is_quant_tensor_name(leaf)
+        if (not claimed or module_name not in module_names or not leaf or not claimed or runtime in mapping.companions
+                or leaf in tf.module_buffers(model, module_name)):
+            mapping.unmapped.append((tensor, runtime))
+            continue
+        mapping.companions[runtime] = tensor
+    return by_pattern
+
+
+def _classify_by_family(mapping: CheckpointMapping, tensors, positions, renamed, params, state, tied,
+                        tf) -> dict[str, dict[str, list[CheckpointTensor]]]:
+    """`map_checkpoint`'s classification where no companion can be claimed, a runtime name at a time instead of a
+    tensor at a time (Kimi-K2.5: 208,550 tensors, 3,000 runtime names): each family's members are grouped by the
+    runtime name they load into (a stable sort), and what a tensor becomes depends only on that name. Every list and
+    mapping comes out in checkpoint order, as the tensor-by-tensor classification (`_classify_tensor_by_tensor`) makes
+    them: by position."""
+    # runtime name -> the positions of its tensors, a list per family; (runtime, pattern) -> the same
+    by_runtime: dict[str, list[list[int]]] = defaultdict(list)
+    by_runtime_pattern: dict[tuple[str, str], list[list[int]]] = defaultdict(list)
+    for family, where in positions.items():
+        runtimes, patterns = renamed[family]
+        at = runtimes.__getitem__
+        same_pattern = patterns.count(patterns[0]) == len(patterns)
+        for runtime, idx in groupby(sorted(range(len(runtimes)), key=at), key=at):
+            idx = list(idx)
+            places = list(map(where.__getitem__, idx))
+            by_runtime[runtime].append(places)
+            if same_pattern:
+                if patterns[0] is not None:
+                    by_runtime_pattern[runtime, patterns[0]].append(places)
+                continue
+            split: dict[str, list[int]] = {}
+            for i, place in zip(idx, places):
+                if patterns[i] is not None:
+                    split.setdefault(patterns[i], []).append(place)
+            for pattern, pattern_places in split.items():
+                by_runtime_pattern[runtime, pattern].append(pattern_places)
+
+    def merged(parts: list[list[int]]) -> list[int]:
+        return parts[0] if len(parts) == 1 else sorted(chain.from_iterable(parts))
+
+    at_tensor = tensors.__getitem__
+    buffers: list[int] = []
+    unmapped: list[tuple[int, str]] = []
+    params_in_order: list[tuple[int, str, list[int]]] = []
+    for runtime, parts in by_runtime.items():
+        places = merged(parts)
+        if runtime in state and runtime not in params and runtime not in tied:
+            buffers.extend(places)  # a persistent buffer (e.g. a router's correction bias)
+        elif runtime in params or runtime in tied:
+            params_in_order.append((places[0], runtime, places))
+        else:
+            unmapped.extend(zip(places, repeat(runtime)))
+    params_in_order.sort()
+    stored_names: dict[str, str] = {}
+    first_cast: dict[tuple[str, str], int] = {}  # cast -> the position of its first tensor
+    for _, runtime, places in params_in_order:
+        members = list(map(at_tensor, places))
+        mapping.by_param[runtime] = list(map(_NAME, members))
+        _count_casts(mapping, members, params.get(runtime, (None, None, False)), stored_names, tf, places, first_cast)
+    by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = {}
+    firsts = sorted((min(p[0] for p in parts), runtime, pattern, parts)
+                    for (runtime, pattern), parts in by_runtime_pattern.items() if runtime in mapping.by_param)
+    for _, runtime, pattern, parts in firsts:
+        members = list(map(at_tensor, merged(parts)))
+        by_pattern.setdefault(runtime, {})[pattern] = members
+        if not runtime.endswith("_scales"):
+            scales = list(map(str.endswith, map(_NAME, members), repeat("_scales")))
+            if any(scales):
+                mapping.outside_parameters_bytes += sum(t.nbytes for t, is_scale in zip(members, scales) if is_scale)
+    if mapping.casts:  # first seen first, as tensor by tensor
+        mapping.casts = dict(sorted(mapping.casts.items(), key=lambda kv: first_cast[kv[0]]))
+    mapping.buffers = [tensors[i].name for i in sorted(buffers)]
+    mapping.unmapped = [(tensors[i], runtime) for i, runtime in sorted(unmapped)]
+    return by_pattern
+
+
+def _count_casts(mapping: CheckpointMapping, members, param: tuple, stored_names: dict[str, str], tf,
+                 places: list[int] | None = None, first: dict | None = None) -> None:
+    """Count the float tensors among `members` (one parameter's) that the loader casts to the parameter's dtype;
+    with `places` (the members' positions), record in `first` the position of each cast's first tensor."""
+    _, dtype, floating = param
+    if not floating:
+        return
+    dtypes = list(map(_DTYPE, members))
+    for stored_dtype in dict.fromkeys(dtypes):
+        if not stored_dtype.startswith(("F", "BF")):
+            continue
+        stored = stored_names.get(stored_dtype)
+        if stored is None:
+            stored = stored_names[stored_dtype] = str(tf.torch_dtype(stored_dtype)).removeprefix("torch.")
+        if stored != dtype:
+            key = (stored_dtype, dtype)
+            mapping.casts[key] = mapping.casts.get(key, 0) + dtypes.count(stored_dtype)
+            if places is not None and first is not None:
+                place = places[dtypes.index(stored_dtype)]
+                first[key] = min(first.get(key, place), place)
 
 
 def _check_shapes(mapping: CheckpointMapping, model, tensors, by_pattern, params, renamer, tf) -> None:

@@ -169,13 +169,20 @@ class ModelSource:
         return frozenset(generic_name(t.name) for t in self.tensors)
 
     @cached_property
-    def name_families(self) -> dict[str, list[str]] | None:
-        """The checkpoint's tensor names grouped by family (`group_families`: names that differ only in their layer
-        and expert indices), `None` for a config-only model; computed once per source (or handed over with it by
-        the child that read it, `sources.beside`)."""
+    def name_positions(self) -> dict[str, list[int]] | None:
+        """The positions of the checkpoint's tensors grouped by the family of their names (`group_positions`: names
+        that differ only in their layer and expert indices), `None` for a config-only model; computed once per
+        source (or handed over with it by the child that read it, `sources.beside`)."""
         if self.tensors is None:
             return None
-        return group_families(list(map(itemgetter(0), self.tensors)))
+        return group_positions(list(map(itemgetter(0), self.tensors)))
+
+    @cached_property
+    def name_families(self) -> dict[str, list[str]] | None:
+        """`name_positions` as names: family key -> its tensor names in checkpoint order."""
+        if self.tensors is None:
+            return None
+        return group_families(list(map(itemgetter(0), self.tensors)), self.name_positions)
 
     @cached_property
     def checkpoint_bytes(self) -> int | None:

@@ -19,7 +19,7 @@ from operator import itemgetter
 from typing import Callable, TypeVar
 
 from ..model import ModelSource, checkpoint_tensors
-from ..model.source import group_families, group_positions
+from ..model.source import group_positions
 
 T = TypeVar("T")
 
@@ -76,5 +76,5 @@ def _unpack(data: bytes) -> ModelSource | None:
     if columns is None:
         return source
     source = replace(source, tensors=checkpoint_tensors(*columns))
-    source.__dict__["name_families"] = group_families(columns[0], positions)  # the cached property's value
+    source.__dict__["name_positions"] = positions  # the cached property's value
     return source
