@@ -317,3 +317,26 @@ def test_the_report_header_names_the_quantization_method_and_the_quantizer_that_
     plain = run_main("check", str(FIXTURES / "llama-3.1-8b.snapshot.json.gz"), "--tp", "2", "--no-parity",
                      "--format", "markdown").stdout
     assert "| quantization |" not in plain
+
+
+@pytest.mark.parametrize("name, tp, ep", [("kimi-k2.5", 8, 1), ("kimi-k2.5", 8, 8), ("deepseek-v3", 8, 1),
+                                          ("deepseek-v3", 8, 8), ("gpt-oss-20b", 4, 1),
+                                          ("qwen3-30b-a3b-thinking-2507-fp8", 4, 4)])
+def test_pieces_read_alike_give_the_load_of_the_piece_by_piece_loop(name, tp, ep):
+    # `_read_alike` reads one piece per kind (owned by the rank or not) where every piece of a source pattern has one
+    # shape and dtype; the load section must be the one the loop over every piece computes, errors included
+    from unittest import mock
+
+    from tpaudit.model import ParallelSizes
+    from tpaudit.plan import resolve_plan
+    from tpaudit.run.pipeline import Audit
+    from tpaudit.shard import simulate
+    from tpaudit.shard import load
+
+    built = Audit.open(str(FIXTURES / f"{name}.snapshot.json.gz")).built
+    shard_map = simulate(built, resolve_plan(built, ParallelSizes.of(tp, ep), None))
+    alike = load.simulate_load(built, shard_map)
+    with mock.patch.object(load, "_alike_patterns", lambda specs: set()):
+        one_by_one = load.simulate_load(built, shard_map)
+    assert alike == one_by_one
+    assert alike.families and any(r for r in alike.rank_stored_bytes)

@@ -114,6 +114,14 @@ class RankReader:
         op = self.op
         return op._axis0_offset <= tensor_idx % max(op._axis0_size, 1) < op._axis0_offset + op._axis0_local_size
 
+    def owned_flags(self, tensor_indices: list[int]) -> list[bool]:
+        """For each checkpoint piece index, whether this rank's shard-on-read keeps the piece whole (an expert in its
+        range); pieces with the same stored shape and the same flag read alike (`local_shape`)."""
+        op = self.op
+        size, start = max(op._axis0_size, 1), op._axis0_offset
+        end = start + op._axis0_local_size
+        return [start <= i % size < end for i in tensor_indices]
+
     def local_shape(self, spec: SourceSpec, torch_dtype) -> tuple[int, ...] | None:
         """The shape this rank reads of `spec` (`None`: a per-expert piece it does not own, dropped).
 

@@ -119,7 +119,7 @@ class CheckpointMapping:
         """The checkpoint tensor named `name` (`None` when the checkpoint has none): indexed once, on first use."""
         index = self.__dict__.get("_by_name")
         if index is None:
-            index = self.__dict__["_by_name"] = {t.name: t for t in self.tensors}
+            index = self.__dict__["_by_name"] = dict(zip(map(_NAME, self.tensors), self.tensors))
         return index.get(name)
 
     def unmapped_by_root(self, modules) -> dict[str, list[tuple[CheckpointTensor, str]]]:

@@ -143,6 +143,55 @@ def _family_key(p: ParamShard, sources: dict, shard_map: ShardMap) -> tuple:
     return p.generic_name, p.global_shape, p.placements, _mesh_size(p, shard_map), signature
 
 
+def _alike_patterns(specs: dict[str, list]) -> set[str]:
+    """The source patterns whose pieces all have one stored shape and dtype and carry no values (`_read_alike`)."""
+    return {pattern for pattern, ss in specs.items()
+            if len({(spec.shape, spec.dtype) for spec in ss}) == 1 and all(spec.values is None for spec in ss)}
+
+
+def _read_alike(reader, specs: list, torch_dtype) -> tuple[int, list, int, tuple | None]:
+    """Shard-on-read of pieces that all have one stored shape and dtype and carry no values, as the loop over them one
+    by one in `_simulate_family` reads them, with one `shard_tensor` call per kind of piece (owned by this rank or
+    not) instead of one per piece.
+
+    Returns:
+        `(pieces read, the first KEEP of them as (spec, local shape), bytes read, (error, position) of the first
+        piece whose read raises or None)`.
+    """
+    first = specs[0]
+    bits = SAFETENSORS_DTYPE_BITS.get(first.dtype, 8)
+    if reader is None:
+        shape = first.shape
+        return len(specs), [(spec, shape) for spec in specs[:KEEP]], \
+            len(specs) * (math.prod(shape) * bits // 8), None
+    kinds = reader.owned_flags([spec.tensor_idx for spec in specs])
+    outcome: dict[bool, object] = {}
+    for kind in dict.fromkeys(kinds):
+        try:
+            outcome[kind] = reader.local_shape(specs[kinds.index(kind)], torch_dtype)
+        except LoadStepError as e:
+            outcome[kind] = e
+    failed = None
+    read = bytes_read = 0
+    for kind, shape in outcome.items():
+        if isinstance(shape, LoadStepError):
+            position = kinds.index(kind)
+            if failed is None or position < failed[1]:
+                failed = (shape, position)
+        elif shape is not None:
+            count = kinds.count(kind)
+            read += count
+            bytes_read += count * (math.prod(shape) * bits // 8)
+    kept = []
+    for spec, kind in zip(specs, kinds):
+        shape = outcome[kind]
+        if shape is not None and not isinstance(shape, LoadStepError):
+            kept.append((spec, shape))
+            if len(kept) == KEEP:
+                break
+    return read, kept, bytes_read, failed
+
+
 def _shape_values(tensor, by_name: dict, rep: ParamShard, facts) -> tuple[int, ...] | None:
     """The values of a compressed-tensors `X_shape` tensor: the logical `[out, in]` of the weight it describes (what
     its compressor stored, `torch.tensor(weight.shape)`): `out` from the packed sibling's rows, `in` from the parameter
@@ -189,6 +238,8 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
     else:
         run_ops, why_not = True, None
     stored = [0] * world
+    # patterns whose pieces all have one stored shape and dtype and carry no values: read alike (`_read_alike`)
+    uniform = _alike_patterns(specs)
     results: dict[int, tuple] = {}  # rank -> (kind, detail) of what happened
     converted: dict[tuple, tuple] = {}  # the operations' result per distinct input (ranks often get alike pieces)
     lost_by_pattern: dict[str, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
@@ -205,6 +256,15 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
         error: tuple | None = None
         size = 0
         for pattern, ss in specs.items():
+            if pattern in uniform:  # every piece alike: one read per kind of piece, counted (Kimi-K2.5: 384 experts)
+                n, kept, bytes_read, failed = _read_alike(reader, ss, dtypes[ss[0].dtype])
+                stored[r] += bytes_read
+                if failed is not None and error is None:
+                    error = (failed[0], generic_name(ordered[pattern][failed[1]].name))
+                size += sum(math.prod(shape) for _, shape in kept)
+                counts[pattern] = n
+                pieces[pattern] = [spec for spec, _ in kept]
+                continue
             kept = []
             n = 0
             for spec in ss:

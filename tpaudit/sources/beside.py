@@ -4,7 +4,7 @@ A check spends its first two seconds importing torch and transformers, on one co
 reading a large checkpoint's listing needs none of that (Kimi-K2.5: 208,550 tensors in 64 safetensors headers and an
 index, 0.75 s; 0.34 s from its snapshot). In a process tpaudit owns (`_process.may_fork`), `read_beside` forks a child
 that reads the source while this process imports, and takes the result over a pipe as columns (names, dtypes, shapes,
-files: 0.15 s to unpickle and rebuild for Kimi-K2.5). The child runs the same `open_source` this process would; it is
+files: 0.1 s to unpickle and rebuild for Kimi-K2.5). The child runs the same `open_source` this process would; it is
 only a head start: whenever it hands over nothing (the source is bad, the child failed, no fork here), this process
 reads the source itself, so errors are raised here with their usual messages.
 
@@ -61,9 +61,18 @@ def _pack(source: ModelSource) -> bytes:
     tensors = source.tensors
     columns = positions = None
     if tensors is not None:
-        columns = tuple(list(map(itemgetter(i), tensors)) for i in range(4))
-        positions = group_positions(columns[0])
+        names = list(map(itemgetter(0), tensors))
+        # dtypes, shapes and files repeat (Kimi-K2.5: 208,550 rows, 32 distinct shapes): one object each, which
+        # pickle then writes once and refers back to (unpickling 0.07 s -> 0.02 s, and fewer objects here)
+        columns = (names, *(_shared(map(itemgetter(i), tensors)) for i in (1, 2, 3)))
+        positions = group_positions(names)
     return pickle.dumps((replace(source, tensors=None), columns, positions), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _shared(values) -> list:
+    """`values` with equal values as one object (the first seen)."""
+    seen: dict = {}
+    return [seen.setdefault(v, v) for v in values]
 
 
 def _unpack(data: bytes) -> ModelSource | None:
