@@ -358,3 +358,11 @@ def test_a_plan_file_that_repeats_a_rule_is_refused(tmp_path):
     plan.write_text('{"layers.*.self_attn.q_proj": "colwise", "layers.*.mlp.up_proj": "colwise"}')
     # the same rules once each: accepted and judged; k/v/o_proj and gate/down_proj now have no rule (TPA001) -> 1
     assert run_main("check", LLAMA, "--tp", "2", "--plan", str(plan)).returncode == 1
+
+
+def test_a_path_longer_than_the_system_allows_is_bad_input():
+    from conftest import run_main
+
+    proc = run_main("check", "/" + "a" * 5000, "--tp", "2")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: /aaa") and "longer than a path may be" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1

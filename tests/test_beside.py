@@ -154,3 +154,33 @@ def test_the_import_phase_frees_the_copies_of_sys_modules_inspect_leaves_and_put
                           timeout=120)
     restored, copies = proc.stdout.split()
     assert restored == "True" and int(copies) > 10, proc.stdout + proc.stderr
+
+
+def test_bad_input_met_by_the_child_is_reported_without_waiting_for_the_imports(tmp_path):
+    # the work beside (the imports, here a minute's sleep) is cut short when the child meets bad input: the error the
+    # source gives is raised at once, with its usual message
+    bad = tmp_path / "bad.snapshot.json.gz"
+    bad.write_bytes(b"\x1f\x8bnot gzip")
+    code = ("import time\nfrom tpaudit._process import tune_gc\ntune_gc()\nfrom tpaudit.sources.beside import "
+            "read_beside\nstart = time.monotonic()\ntry:\n    read_beside(%r, lambda: time.sleep(60))\n"
+            "except Exception as e:\n    print(type(e).__name__, time.monotonic() - start < 20)\n" % str(bad))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=90)
+    assert proc.stdout.split() == ["SnapshotError", "True"], proc.stdout + proc.stderr
+    cli = run_cli("check", str(bad), "--tp", "2")
+    assert cli.returncode == 2 and "gzip data is corrupt" in cli.stderr and len(cli.stderr.splitlines()) == 1
+
+
+def test_closed_streams_and_a_command_that_never_imports_torch(tmp_path):
+    # stdout or stderr closed at start: the exit code still says how the command ended; `main` returning leaves the
+    # collector on and inspect as it was, in a process that goes on
+    llama = str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
+    for redirect, args, code in (("2>&-", "rules", 0), ("2>&-", "check /nonexistent/x --tp 4", 2),
+                                 (">&-", f"check {llama} --tp 2", 0), (">&- 2>&-", f"check {llama} --tp 0", 2)):
+        proc = subprocess.run(f"{sys.executable} -m tpaudit {args} {redirect}", shell=True, capture_output=True,
+                              text=True, cwd=str(ROOT), timeout=120)
+        assert proc.returncode == code, (redirect, args, proc.returncode)
+    script = ("import gc, inspect, io, contextlib\nfrom tpaudit.cli.app import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()):\n    main(['rules'])\n"
+              "print(gc.isenabled(), inspect._signature_fromstr.__qualname__)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert proc.stdout.split() == ["True", "_signature_fromstr"], proc.stdout + proc.stderr

@@ -66,6 +66,17 @@ def resume_gc() -> None:
         gc.enable()
 
 
+def end_pause() -> None:
+    """End a pause that no import ended (a command that never needed torch: `rules`, `--version`, a usage error):
+    the collector runs again and `inspect` is put back, nothing is frozen. Called when a command returns, so that a
+    process that goes on after `cli.app.main` (a test, a caller) is left as Python set it up, thresholds aside."""
+    global _paused
+    if _paused:
+        _paused = False
+        _collect_around_signature_parsing(False)
+        gc.enable()
+
+
 _PARSE_SIGNATURE = None
 
 
@@ -160,6 +171,9 @@ class Beside:
             _, status = os.waitpid(self._pid, 0)
         except ChildProcessError:
             status = -1
+        except BaseException:  # Ctrl-C while waiting: no child is left behind
+            self.cancel()
+            raise
         try:
             size = os.fstat(self._fd).st_size
             data = os.pread(self._fd, size, 0) if status == 0 and size >= 8 else b""
@@ -203,7 +217,8 @@ def exit_now(code: int) -> None:
 
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None: started with the stream closed (`2>&-`)
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader
             pass
     atexit._run_exitfuncs()

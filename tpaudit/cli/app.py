@@ -54,16 +54,33 @@ app.command("explain")(rules_cmd.explain)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (the console script exits with it). The process is tpaudit's: the garbage
     collector is tuned for it first (`tpaudit._process.tune_gc`)."""
-    from .._process import tune_gc
-    from ._errors import report_error
+    from .._process import end_pause, tune_gc
 
     tune_gc()
+    try:
+        return _main(argv)
+    finally:
+        end_pause()
+
+
+def _main(argv: list[str] | None) -> int:
+    from ._errors import report_error
+
+    # a stream the process was started without (`>&-`, `2>&-`) is None in Python: what would be written there goes
+    # nowhere, and the exit code still says how the command ended
+    import os
+
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+
 
     # rich's help panels need room: below 100 columns they crop option names and help ("--trust-remote-c…"), so a
     # narrow terminal, and a pipe (rich draws 80 columns there), get click's plain help, which wraps and never crops
     import shutil
 
-    wide = sys.stdout.isatty() and shutil.get_terminal_size((80, 24)).columns >= 100
+    wide = sys.stdout is not None and sys.stdout.isatty() and shutil.get_terminal_size((80, 24)).columns >= 100
     app.rich_markup_mode = "rich" if wide else None
     command = typer.main.get_command(app)
     try:

@@ -28,6 +28,7 @@ def classify_reference(ref: str) -> str:
     Raises:
         ModelReferenceError: `ref` is none of these (a path that does not exist and is not `org/name`).
     """
+    import errno
     import os
     import stat
 
@@ -41,6 +42,9 @@ def classify_reference(ref: str) -> str:
         mode = os.stat(path).st_mode
     except OSError as e:
         mode = None
+        if e.errno == errno.ENAMETOOLONG:
+            raise ModelReferenceError(f"{ref[:120]}... is longer than a path may be here ({e.strerror}). Pass a "
+                                      "shorter path (a relative one, or a symlink to the model)", ref=ref) from None
         if os.path.lexists(path):  # a dangling symlink, a loop, or a path we may not read
             raise ModelReferenceError(f"{ref} cannot be opened: {e.strerror or e}. Pass a readable model directory "
                                       "or file", ref=ref) from None

@@ -3,17 +3,21 @@
 A check spends its first two seconds importing torch and transformers, on one core, before it can build anything;
 reading a large checkpoint's listing needs none of that (Kimi-K2.5: 208,550 tensors in 64 safetensors headers and an
 index, 0.75 s; 0.34 s from its snapshot). In a process tpaudit owns (`_process.may_fork`), `read_beside` forks a child
-that reads the source while this process imports, and takes the result over a pipe as columns (names, dtypes, shapes,
-files: 0.1 s to unpickle and rebuild for Kimi-K2.5). The child runs the same `open_source` this process would; it is
-only a head start: whenever it hands over nothing (the source is bad, the child failed, no fork here), this process
-reads the source itself, so errors are raised here with their usual messages.
+that reads the source while this process imports and groups the tensor names into families
+(`ModelSource.name_positions`), and takes the result over as columns (names, dtypes, shapes, files, through an
+in-memory file: 0.1 s to unpickle and rebuild for Kimi-K2.5). The child runs the same `open_source` this process
+would; it is only a head start: whenever it hands over nothing (the source is bad, the child failed, no fork here),
+this process reads the source itself, so errors are raised here with their usual messages.
 
 Hub ids are read in this process (network, tokens, progress bars).
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import threading
 from dataclasses import replace
 from operator import itemgetter
 from typing import Callable, TypeVar
@@ -40,19 +44,72 @@ def read_beside(ref: str, work: Callable[[], T], *, revision: str | None = None,
         return open_source(ref, revision=revision, token=token, progress=progress)
 
     child = None
-    if _process.may_fork() and revision is None and classify_reference(ref) != "hub":
-        child = _process.Beside.start(lambda: _pack(read()))
-    if child is None:
-        source = read()
-        return source, work()
+    if _process.may_fork() and revision is None and classify_reference(ref) != "hub" and \
+            threading.current_thread() is threading.main_thread():
+        refusal = _Refusal()
+        try:
+            child = _process.Beside.start(lambda: _pack(_refusing(read)))
+            if child is None:
+                return read(), work()
+            try:
+                refusal.arm()
+                done = work()
+                refusal.armed = False
+            except _Refused:  # the child met bad input: say so now, not after the imports
+                child.cancel()
+                source = read()  # raises what the child met, with its message
+                return source, work()  # (the source changed between the two reads: carry on)
+            except BaseException:
+                child.cancel()
+                raise
+            data = child.result()
+        finally:
+            refusal.disarm()  # the child is gone: no signal can come any more
+        source = _unpack(data) if data is not None else None
+        return (source if source is not None else read()), done
+    return read(), work()
+
+
+class _Refused(BaseException):
+    """Raised in this process, from a signal handler, when the reading child met bad input."""
+
+
+class _Refusal:
+    """The child's SIGUSR1 (`_refusing`), installed before the fork: while armed it raises `_Refused` wherever this
+    process is (importing torch, most likely), so that bad input is reported at once rather than after the imports;
+    one that came before `arm` raises there. The previous handler is put back by `disarm`, once the child has
+    exited."""
+
+    def __init__(self):
+        self.armed = self.received = False
+        self.previous = signal.signal(signal.SIGUSR1, self._handle)
+
+    def _handle(self, signum, frame):
+        self.received = True
+        if self.armed:
+            self.armed = False
+            raise _Refused
+
+    def arm(self) -> None:
+        if self.received:
+            raise _Refused
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+        signal.signal(signal.SIGUSR1, self.previous)
+
+
+def _refusing(read: Callable[[], ModelSource]) -> ModelSource:
+    """In the child: `read()`, and on bad input (a `TpauditError`: the same input gives the same error in the parent)
+    a SIGUSR1 to the parent before the error ends the child."""
+    from ..errors import TpauditError
+
     try:
-        done = work()
-    except BaseException:
-        child.cancel()
+        return read()
+    except TpauditError:
+        os.kill(os.getppid(), signal.SIGUSR1)
         raise
-    data = child.result()
-    source = _unpack(data) if data is not None else None
-    return (source if source is not None else read()), done
 
 
 def _pack(source: ModelSource) -> bytes:
