@@ -284,10 +284,17 @@ class PlanSeam:
     def model_names(self, model) -> set[str]:
         """Generic names (layer numbers as `*`) of every module and parameter: what a rule key must name.
 
-        Source: transformers 5.23 `DistributedMixin._resolve_parallel_plans` / `_validate_parallel_plan`."""
+        Source: transformers 5.23 `DistributedMixin._resolve_parallel_plans` / `_validate_parallel_plan`. Read once
+        per set of names (every option of a `size` run asks again of the same model)."""
         from itertools import chain
 
-        return {generic_name(n) for n, _ in chain(model.named_modules(), model.named_parameters())}
+        names = tuple(n for n, _ in chain(model.named_modules(), model.named_parameters()))
+        cached = model.__dict__.get("_tpaudit_model_names")
+        if cached is not None and cached[0] == names:
+            return set(cached[1])
+        generic = frozenset(map(generic_name, names))
+        model.__dict__["_tpaudit_model_names"] = (names, generic)
+        return set(generic)
 
     # ------------------------------------------------------------------------------------------------------------------
     # Sharding on a fake process group
