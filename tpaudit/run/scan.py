@@ -220,7 +220,7 @@ def _row(model_type: str, tp_size: int, parity: str) -> dict:
 def _worker_init() -> None:
     from .._process import tune_gc
 
-    tune_gc()
+    tune_gc(long_lived=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401  import once per worker process
     import transformers  # noqa: F401

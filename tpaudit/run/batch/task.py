@@ -160,7 +160,7 @@ def _worker_init() -> None:
     # batch served from the cache never imports them). The worker is tpaudit's process: its collector is tuned.
     from ..._process import tune_gc
 
-    tune_gc()
+    tune_gc(long_lived=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
