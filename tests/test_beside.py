@@ -115,7 +115,8 @@ def test_no_child_in_a_process_that_imported_torch_or_did_not_tune_itself():
     assert Beside.start(lambda: b"") is None
 
 
-@pytest.mark.parametrize("fixture, tp", [(QWEN, "4"), (str(FIXTURES / "deepseek-v3.snapshot.json.gz"), "8")])
+@pytest.mark.parametrize("fixture, tp", [(QWEN, "4"), pytest.param(str(FIXTURES / "deepseek-v3.snapshot.json.gz"), "8",
+                                                                  marks=pytest.mark.slow)])
 def test_the_report_from_the_command_line_is_the_report_read_in_process(fixture, tp, tmp_path):
     from tpaudit.sources import open_source
     from tpaudit.sources.sparse import write_sparse_checkpoint
@@ -136,6 +137,7 @@ def test_a_closed_stdout_still_ends_the_process_as_sigpipe_does():
     assert proc.stdout == "{" and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # two imports of torch and transformers
 def test_the_import_phase_frees_the_copies_of_sys_modules_inspect_leaves_and_puts_inspect_back():
     # torch's import parses builtin signatures with inspect._signature_fromstr, which leaves a copy of sys.modules in a
     # reference cycle per call; the paused import phase frees each right after the call instead of collecting all
