@@ -1,4 +1,4 @@
-"""Checkpoint names are mapped once per family (`mapping.rename_all`); the result must equal transformers' renaming of
+"""Checkpoint names are mapped once per family (`mapping.rename_families`); the result must equal transformers' renaming of
 every key, one by one, on every fixture, and on renamings whose result depends on the index."""
 
 from __future__ import annotations
@@ -9,6 +9,19 @@ import re
 import pytest
 
 from conftest import FIXTURES
+
+
+def rename_all(keys, rename):
+    """`mapping.rename_families` as one mapping: `(key -> (runtime name, pattern), families, keys renamed one by
+    one)`."""
+    from tpaudit.metamodel.mapping import group_families, rename_families
+
+    families = group_families(keys)
+    by_family, per_key = rename_families(families, rename)
+    out = {}
+    for family, members in families.items():
+        out.update(zip(members, zip(*by_family[family])))
+    return out, len(families), per_key
 
 
 def _lists_tensors(path) -> bool:
@@ -35,8 +48,7 @@ def _renamer(ref: str):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("kimi-k2.5", "deepseek-v3") else n
                                   for n in WITH_TENSORS])  # per-key mapping of 200k / 92k keys: outside the fast loop
 def test_family_mapping_equals_per_key_mapping_on_every_fixture(name):
-    from tpaudit.metamodel.mapping import rename_all
-
+    
     source, rename = _renamer(str(FIXTURES / f"{name}.snapshot.json.gz"))
     assert source.tensors is not None
     keys = [t.name for t in source.tensors]
@@ -48,8 +60,7 @@ def test_family_mapping_equals_per_key_mapping_on_every_fixture(name):
 def test_family_mapping_on_the_cases_checkpoints(tmp_path):
     from test_cases import materialise
 
-    from tpaudit.metamodel.mapping import rename_all
-
+    
     for case in ("06-mixtral-stale-rules-after-moe-refactor", "10-fp8-qwen3-vl-moe-expert-scales-ep",
                  "11-compressed-tensors-weight-shape-g-idx-sharded"):
         model_dir, _ = materialise(case, tmp_path)
@@ -63,8 +74,7 @@ def test_an_index_dependent_renaming_is_renamed_key_by_key():
     read off one key would put every other key in the wrong layer. The check on further members catches it."""
     from transformers.core_model_loading import Inkling2IndexOffsetWeightRename, WeightRenaming, rename_source_key
 
-    from tpaudit.metamodel.mapping import rename_all
-
+    
     renamings = [Inkling2IndexOffsetWeightRename(source_patterns=r"attn_res\.attn_queries\.(\d+)",
                                                  target_patterns=r"layers.\1.attention_input.query", offset=1),
                  WeightRenaming(source_patterns=r"attn_norm", target_patterns=r"input_layernorm")]
@@ -83,8 +93,7 @@ def test_an_index_dependent_renaming_is_renamed_key_by_key():
 def test_a_layer_pair_collapse_is_renamed_key_by_key():
     """A renaming where checkpoint layers 2i and 2i+1 become layer i (transformers 5.24's `LayerPairCollapse` for
     dory): the index of the runtime name is not one of the checkpoint's."""
-    from tpaudit.metamodel.mapping import rename_all
-
+    
     def rename(key):
         parts = key.split(".")
         i = int(parts[2])
@@ -123,8 +132,7 @@ def test_family_expansion_keeps_special_characters_and_reordered_indices():
     # a family's names are expanded from one template: names with regex and format metacharacters (backslash,
     # braces, `$`, `+`), indices the runtime name reorders, and families of keys that start with an index must come
     # out as the renaming of each key gives them
-    from tpaudit.metamodel.mapping import rename_all
-
+    
     def rename(key):
         parts = key.split(".")
         digits = [p for p in parts if p.isdigit()]

@@ -18,8 +18,6 @@ def report_error(error: BaseException) -> int:
         traceback.print_exception(error)
     from ..report._inert import terminal
 
-    if sys.stderr is None:  # started with stderr closed (`2>&-`): the exit code is all that can be said
-        return code
     for line in lines:
         try:
             print(terminal(line), file=sys.stderr)  # a path or name in the message may hold control characters

@@ -80,7 +80,7 @@ def _main(argv: list[str] | None) -> int:
     # narrow terminal, and a pipe (rich draws 80 columns there), get click's plain help, which wraps and never crops
     import shutil
 
-    wide = sys.stdout is not None and sys.stdout.isatty() and shutil.get_terminal_size((80, 24)).columns >= 100
+    wide = sys.stdout.isatty() and shutil.get_terminal_size((80, 24)).columns >= 100
     app.rich_markup_mode = "rich" if wide else None
     command = typer.main.get_command(app)
     try:

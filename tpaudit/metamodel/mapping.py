@@ -35,12 +35,10 @@ from functools import cached_property
 from operator import itemgetter
 
 from ..model import CheckpointTensor, generic_name
-from ..model.source import group_families, group_positions, name_family as _family
+from ..model.source import INDEX_RUNS, group_families, group_positions, name_family as _family
 
 _INDEX = re.compile(r"(?<![^.])\d+(?=\.|$)")
 _NAME, _DTYPE = itemgetter(0), itemgetter(1)  # a CheckpointTensor's name and dtype, at C speed
-# the index parts of many keys joined by newlines (a dot, digits, then a dot, a newline or the end)
-_INDEX_GROUPS = re.compile(r"\.(\d+)(?![^.\n])")
 
 # Tensors a quantized checkpoint stores beside (or instead of) a module's weight.
 QUANT_LEAVES = frozenset({"qweight", "qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_packed",
@@ -242,7 +240,7 @@ def _expand(family: str, template: str, members: list[str]) -> list[str] | None:
     over them joined by newlines, then `template.format` per member at C speed (`starmap`); `None` when the members
     do not each give the family's count of indices (a family whose keys start with an index)."""
     k = family.count("\0")
-    flat = _INDEX_GROUPS.findall("\n".join(members))
+    flat = INDEX_RUNS.findall("\n".join(members))
     if not k or len(flat) != k * len(members):
         return None
     return list(starmap(template.format, zip(*[iter(flat)] * k)))
@@ -296,19 +294,6 @@ def rename_families(families: dict[str, list[str]], rename
             runtimes[i], patterns[i] = renamed, own_pattern
         out[family] = runtimes, patterns
     return out, per_key
-
-
-def rename_all(keys: list[str], rename, families: dict | None = None
-               ) -> tuple[dict[str, tuple[str, str | None]], int, int]:
-    """`rename_families` as one mapping: `(key -> (runtime name, converter source pattern), families, keys renamed
-    one by one)`; `families` is `group_families(keys)` when the caller has it already."""
-    if families is None:
-        families = group_families(keys)
-    by_family, per_key = rename_families(families, rename)
-    out: dict[str, tuple[str, str | None]] = {}
-    for family, members in families.items():
-        out.update(zip(members, zip(*by_family[family])))
-    return out, len(families), per_key
 
 
 def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=None, *,

@@ -60,7 +60,7 @@ def checkpoint_tensors(names, dtypes, shapes, files) -> tuple[CheckpointTensor, 
 # (`parallel_utils.replace_layer_number_by_wildcard`'s indices); the same over many names joined by newlines, where a
 # name that starts with an index is found apart
 _INDEX_SPLIT = re.compile(r"(?<![^.])(\d+)(?=\.|$)")
-_INDEX_RUNS = re.compile(r"\.\d+(?![^.\n])")
+INDEX_RUNS = re.compile(r"\.(\d+)(?![^.\n])")  # findall: the digits of each index run, in order
 _INDEX_AT_START = re.compile(r"\n\d")  # searched in "\n" + the joined names (a literal first: a fast search)
 
 
@@ -84,7 +84,7 @@ def group_positions(names: list[str]) -> dict[str, list[int]]:
         for i, name in enumerate(names):
             families.setdefault(name_family(name)[0], []).append(i)
         return families
-    keys = _INDEX_RUNS.sub(".\0", joined).split("\n")
+    keys = INDEX_RUNS.sub(".\0", joined).split("\n")
     at = keys.__getitem__
     grouped = {family: list(positions) for family, positions in groupby(sorted(range(len(names)), key=at), key=at)}
     return {family: grouped[family] for family in dict.fromkeys(keys)}
