@@ -373,3 +373,44 @@ def test_the_evidence_stage_imports_no_torch_or_transformers_internal():
             for name in names:
                 assert not name.startswith("transformers"), (path.name, name)
                 assert name == "torch" or not name.startswith("torch"), (path.name, name)
+
+
+def _tiny_llama_config():
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+
+
+@pytest.mark.parametrize("config, overrides", [
+    (_tiny_moe_config, None),
+    (_tiny_moe_config, {"tp_plan": {"model.layers.*.self_attn.q_proj": "rowwise"}}),
+    (_tiny_llama_config, None),
+    (_tiny_llama_config, {"tp_plan": {"model.layers.*.mlp.down_proj": "colwise"}}),
+])
+def test_resolution_memo_gives_what_transformers_resolves(config, overrides):
+    """`resolve_plans` resolves each set of options once per model (`_resolution_key`: the sizes matter to
+    `_resolve_parallel_plans` only as "above 1 or not"): every option's memoized answer (applied plans, merged plans,
+    the raw resolution handed to `shard`) must equal a fresh resolution by transformers of that option alone."""
+    from tpaudit.compat import EmptyPlanError, PlanRejectedError, backend
+
+    tf = backend()
+    model = _meta_model(config())
+    options = [(2, 1), (4, 1), (8, 1), (2, 2), (4, 4), (2, 1), (16, 1), (4, 4)]
+
+    def resolve(tp, ep):
+        try:
+            return tf.resolve_plans(model, tf.distributed_config(tp, ep, overrides))
+        except (EmptyPlanError, PlanRejectedError) as e:  # llama has no EP plan: the refusal must match too
+            return type(e).__name__, str(e)
+
+    memoized = [resolve(tp, ep) for tp, ep in options]
+    # one resolution per set of options that differ only in their sizes above 1 (refusals are not kept)
+    resolved = {(tp > 1, ep > 1) for (tp, ep), answer in zip(options, memoized) if not isinstance(answer[0], str)}
+    assert resolved and len(model.__dict__["_tpaudit_resolutions"]) == len(resolved)
+    for (tp, ep), answer in zip(options, memoized):
+        model.__dict__.pop("_tpaudit_resolutions")
+        assert resolve(tp, ep) == answer, (tp, ep)
+        assert model.__dict__["_tpaudit_resolutions"] or isinstance(answer[0], str)
+    if overrides is None:
+        assert tf.merged_plans(model) == memoized[0][2:4]  # the model's own plans are back after every call

@@ -48,9 +48,14 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
     applied = {**plan.applied_tp, **plan.applied_ep}
     mapping = built.mapping
     params = []
+    rules: dict[str, tuple] = {}  # a parameter's rule depends on its generic name only (`compat.logic.parameter_rule`)
     for s in sharded:
         module_name = s.name.rpartition(".")[0]
-        rule, style, kind = plan.rule_for(s.name)
+        generic = generic_name(s.name)
+        found = rules.get(generic)
+        if found is None:
+            found = rules[generic] = plan.rule_for(s.name)
+        rule, style, kind = found
         if s.placements is not None:
             placement = ", ".join(p.text for p in s.placements)
             split = next((p for p in s.placements if p.dim is not None), None)
@@ -62,7 +67,7 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
             sharding = "replicated_by_rule" if rule_applied and style in EXPLICIT_REPLICATE_STYLES else "unsharded"
         origin, ckpt = _origin(s.name, mapping)
         params.append(ParamShard(
-            name=s.name, generic_name=generic_name(s.name), global_shape=s.global_shape, dtype=s.dtype,
+            name=s.name, generic_name=generic, global_shape=s.global_shape, dtype=s.dtype,
             itemsize=s.itemsize, local_shapes=s.local_shapes, style=style, rule=rule, plan=kind,
             placement=placement, sharding=sharding, origin=origin, checkpoint_names=ckpt, tied_to=tied.get(s.name),
             module_type=s.module_type, shard_dim=shard_dim, split_factor=split_factor,

@@ -262,9 +262,19 @@ class PlanSeam:
         """
         keys = ("_tp_plan", "_ep_plan", "_fsdp_plan")
         saved = {k: model.__dict__[k] for k in keys if k in model.__dict__}
+        memo_key = _resolution_key(model, dc)
+        memo = model.__dict__.setdefault("_tpaudit_resolutions", {})
         try:
-            with self.quiet():
-                raw = model._resolve_parallel_plans(dc)
+            if memo_key is not None and memo_key in memo:
+                for k, v in memo[memo_key][1].items():  # the plans as transformers merged them with the overrides
+                    model.__dict__[k] = v
+                raw = tuple(dict(p) for p in memo[memo_key][0])
+            else:
+                with self.quiet():
+                    raw = model._resolve_parallel_plans(dc)
+                if memo_key is not None:
+                    memo[memo_key] = (tuple(dict(p) for p in raw),
+                                      {k: dict(model.__dict__[k]) for k in keys if k in model.__dict__})
             tp, ep, _ = raw
             merged_tp, merged_ep = self.merged_plans(model)
         except ValueError as e:
@@ -434,6 +444,31 @@ def _normalised(described: tuple[str, int | None, int, str], ndim: int) -> tuple
     if dim is not None and ndim:
         dim = dim % ndim
     return kind, dim, sf, text
+
+
+# the `DistributedConfig` sizes `_resolve_parallel_plans` reads only as "more than one rank or not"
+_SIZE_FIELDS = ("tp_size", "ep_size", "fsdp_size", "dp_replicate_size", "pp_size")
+
+
+def _resolution_key(model, dc) -> tuple | None:
+    """What transformers 5.23's `_resolve_parallel_plans` depends on besides the model's modules: the model's plans as
+    they are now, whether each size is above 1 (`tp_size > 1`, `ep_size > 1`, ...; no size enters otherwise), and every
+    other `DistributedConfig` field (the overrides, `ep_implementation`, ...). Two options of one run with the same key
+    (tp_size 2, 4 and 8 at ep_size 1) get the same plans: `size` and `--suggest` resolve each such set once.
+    `None` (resolve every time) with FSDP or pipeline sizes, whose resolution also reads the model's dtype plan.
+    tests/test_plan.py pins the memo to fresh resolutions of every size on several fixtures."""
+    import dataclasses
+
+    if (dc.dp_replicate_size or 1) * (dc.fsdp_size or 1) > 1 or (dc.pp_size or 1) > 1:
+        return None
+    fields = tuple((f.name, (getattr(dc, f.name) or 1) > 1 if f.name in _SIZE_FIELDS else repr(getattr(dc, f.name)))
+                   for f in dataclasses.fields(dc))
+    plans = tuple(tuple((model.__dict__.get(k) or {}).items()) for k in ("_tp_plan", "_ep_plan", "_fsdp_plan"))
+    try:
+        hash((fields, plans))
+    except TypeError:  # a plan value that is not a style name: resolve it every time
+        return None
+    return fields, plans
 
 
 def _snapshot(model) -> list[tuple[Any, dict, list]]:
