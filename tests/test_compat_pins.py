@@ -153,6 +153,7 @@ def test_style_placements_are_transformers_own(style):
     """Apply each linear style to a Linear with transformers on a fake process group: the weight's split axis, the
     packed split factor and whether the output is gathered must be what `compat.logic` says."""
     import torch
+    import transformers.distributed.tensor_parallel  # noqa: F401 - 5.23 fills the style registry when it is imported
     from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
 
     from tpaudit.compat import _torch
@@ -414,3 +415,78 @@ def test_resolution_memo_gives_what_transformers_resolves(config, overrides):
         assert model.__dict__["_tpaudit_resolutions"] or isinstance(answer[0], str)
     if overrides is None:
         assert tf.merged_plans(model) == memoized[0][2:4]  # the model's own plans are back after every call
+
+
+def test_every_distribute_tensor_call_is_wrapped_in_a_parameter():
+    """`compat._torch.distribute_once` hands one `DTensor` to every call with the same inputs; that is safe only while
+    each caller wraps it in `nn.Parameter` (which detaches a new one) and keeps nothing else of it. Every call in the
+    installed transformers' distributed package must be `torch.nn.Parameter(distribute_tensor(...), ...)`, and every
+    module that binds the name must be one the seam patches."""
+    import ast
+    import importlib.util
+
+    from tpaudit.compat.transformers_5_23.plans import _distributing_modules
+
+    package = Path(importlib.util.find_spec("transformers.distributed").origin).parent
+    patched = {Path(m.__file__).resolve() for m in _distributing_modules()}
+    calls = 0
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        binds = any(isinstance(n, ast.ImportFrom) and any(a.name == "distribute_tensor" for a in n.names)
+                    for n in ast.walk(tree))
+        assert not binds or path.resolve() in patched, path.name
+        wrapped = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.nn.Parameter", "nn.Parameter"):
+                wrapped.update(id(a) for a in node.args[:1])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "distribute_tensor":
+                calls += 1
+                assert id(node) in wrapped, f"{path.name}:{node.lineno}"
+    assert calls >= 5  # the TP styles and the expert styles
+
+
+@pytest.mark.parametrize("name, sizes", [
+    ("qwen3-vl-30b-a3b-instruct", [(2, 1), (4, 1), (8, 1)]),  # packed_colwise experts (_StridedShard), colwise
+    ("deepseek-v3", [(8, 1), (8, 8)]),  # MLA, EP experts
+    ("qwen3-30b-a3b", [(4, 1), (4, 4)]),  # EP experts
+    ("llama-3.1-8b-instruct", [(3, 1), (8, 1)]),  # uneven shards
+])
+def test_distribute_once_shards_as_torch_does(fixture_path, name, sizes, monkeypatch):
+    """Every parameter's placements and every rank's local shape with `distribute_once` must be what the same
+    application gives with torch's `distribute_tensor` called for every parameter; and the memo must have served
+    most calls (the speed it exists for)."""
+    import contextlib
+
+    import torch.distributed.tensor as dtensor
+
+    from tpaudit.compat import _torch, backend
+    from tpaudit.compat.transformers_5_23.plans import _distributing_modules
+    from tpaudit.metamodel import BuildOptions
+    from tpaudit.run.pipeline import Audit
+    from tpaudit.sources import open_source
+
+    tf = backend()
+    built = Audit(open_source(fixture_path(name)), BuildOptions()).built
+    counted = {"torch": 0}
+    real = dtensor.distribute_tensor
+
+    def counting(*args, **kwargs):
+        counted["torch"] += 1
+        return real(*args, **kwargs)
+
+    def shard(tp, ep, memo: bool):
+        with monkeypatch.context() as m:  # torch's function counted wherever it is bound
+            for module in (dtensor, *_distributing_modules()):
+                m.setattr(module, "distribute_tensor", counting)
+            if not memo:
+                m.setattr(_torch, "distribute_once", lambda modules: contextlib.nullcontext())
+            counted["torch"] = 0
+            return tf.shard(built.model, tf.distributed_config(tp, ep), tp, ep), counted["torch"]
+
+    for tp, ep in sizes:
+        plain, calls = shard(tp, ep, memo=False)
+        memoized, served = shard(tp, ep, memo=True)
+        assert memoized == plain, (name, tp, ep)
+        assert calls >= sum(p.placements is not None for p in plain) > 0
+        assert 0 < served < calls / 2, (name, tp, ep, served, calls)

@@ -15,6 +15,8 @@ CAPABILITIES = (
                ("global_shape", "mesh_shape", "my_coordinate", "placements", "skip_offset")),
     Capability("torch.distributed.tensor", "DTensor"),
     Capability("torch.distributed.tensor.placement_types", "_StridedShard"),
+    Capability("torch.distributed.tensor", "distribute_tensor", ("tensor", "device_mesh", "placements",
+                                                                 "src_data_rank")),
 )
 
 
@@ -107,3 +109,47 @@ def is_dtensor(t) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+@contextlib.contextmanager
+def distribute_once(modules):
+    """While the block runs, `distribute_tensor` as `modules` call it (each binds the name at import) computes each
+    distinct placeholder once and hands the same `DTensor` to every later call with the same inputs.
+
+    A TP application on meta calls `distribute_tensor(meta, mesh, [placement], src_data_rank=None)` once per
+    parameter: 48 layers of Qwen3-VL-30B-A3B ask the same ~30 questions ten times each, and a `_StridedShard`
+    (`packed_colwise`) answer costs torch's meta `cat` for every block of every rank (about a third of the
+    application). With `src_data_rank=None` on a meta leaf tensor the function only reads the tensor's shape, stride,
+    dtype and `requires_grad`, the mesh and the placements, and moves no data: the same inputs give the same
+    `DTensor`. Only such calls are served from the memo (any other call goes to torch as it is); the memo lives for
+    one block, so the meshes it keys on (by identity) outlive it. A caller must not change the returned object in
+    place: transformers 5.23-5.24 wrap it in `nn.Parameter`, which detaches a new `DTensor` for each parameter
+    (tests/test_compat_pins.py checks every call site, and the shard maps with and without the memo).
+
+    Source: torch 2.13 `distributed.tensor._api.distribute_tensor`.
+    """
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    memo: dict = {}
+    plain = (torch.Tensor, torch.nn.Parameter)
+
+    def distribute(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
+        if (src_data_rank is not None or device_mesh is None or placements is None or type(tensor) not in plain
+                or not tensor.is_meta or not tensor.is_leaf):
+            return distribute_tensor(tensor, device_mesh, placements, src_data_rank=src_data_rank)
+        key = (tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad, id(device_mesh),
+               tuple((type(p), p) for p in placements))
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = distribute_tensor(tensor, device_mesh, placements, src_data_rank=src_data_rank)
+        return found
+
+    saved = [(m, m.distribute_tensor) for m in modules if getattr(m, "distribute_tensor", None) is distribute_tensor]
+    for m, _ in saved:
+        m.distribute_tensor = distribute
+    try:
+        yield
+    finally:
+        for m, original in saved:
+            m.distribute_tensor = original

@@ -343,7 +343,8 @@ class PlanSeam:
                 if resolved is not None:  # undone by the restore below, like every other attribute
                     model.__dict__["_resolve_parallel_plans"] = lambda _config: resolved
                 try:
-                    sharded = type(model).maybe_distribute_model(model, dc, TransformersDeviceMesh(dense, expert))
+                    with _torch.distribute_once(_distributing_modules()):
+                        sharded = type(model).maybe_distribute_model(model, dc, TransformersDeviceMesh(dense, expert))
                 except ValueError as e:
                     raise PlanRejectedError(_first_line(str(e), 400)) from None
                 return self._read(sharded, world)
@@ -444,6 +445,14 @@ def _normalised(described: tuple[str, int | None, int, str], ndim: int) -> tuple
     if dim is not None and ndim:
         dim = dim % ndim
     return kind, dim, sf, text
+
+
+def _distributing_modules() -> tuple:
+    """The transformers modules whose styles call `distribute_tensor` (each imports the name): the parameter styles
+    of `tensor_parallel.py` and the expert styles of `expert_parallel.py` (transformers 5.23-5.24)."""
+    from transformers.distributed import expert_parallel, tensor_parallel
+
+    return tensor_parallel, expert_parallel
 
 
 # the `DistributedConfig` sizes `_resolve_parallel_plans` reads only as "more than one rank or not"
