@@ -140,7 +140,10 @@ def distribute_once(modules):
             return distribute_tensor(tensor, device_mesh, placements, src_data_rank=src_data_rank)
         key = (tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad, id(device_mesh),
                tuple((type(p), p) for p in placements))
-        found = memo.get(key)
+        try:
+            found = memo.get(key)
+        except TypeError:  # a placement that cannot be hashed: no memo for it
+            return distribute_tensor(tensor, device_mesh, placements, src_data_rank=src_data_rank)
         if found is None:
             found = memo[key] = distribute_tensor(tensor, device_mesh, placements, src_data_rank=src_data_rank)
         return found

@@ -465,7 +465,7 @@ def _resolution_key(model, dc) -> tuple | None:
     other `DistributedConfig` field (the overrides, `ep_implementation`, ...). Two options of one run with the same key
     (tp_size 2, 4 and 8 at ep_size 1) get the same plans: `size` and `--suggest` resolve each such set once.
     `None` (resolve every time) with FSDP or pipeline sizes, whose resolution also reads the model's dtype plan.
-    tests/test_plan.py pins the memo to fresh resolutions of every size on several fixtures."""
+    tests/test_compat_pins.py pins the memo to fresh resolutions of many sizes, with and without overrides."""
     import dataclasses
 
     if (dc.dp_replicate_size or 1) * (dc.fsdp_size or 1) > 1 or (dc.pp_size or 1) > 1:
