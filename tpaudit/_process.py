@@ -25,8 +25,9 @@ times (6 MB of dict copies). Freeing them with one full collection at the end of
 million objects (0.3 s, the largest single cost of a Qwen3-VL check beyond the imports), and freezing them instead
 raised a check's peak RSS by 6 MiB. So, while the collector is paused, that function is wrapped: before each call
 everything that exists is frozen, after it a collection of the youngest generation walks only the call's own objects
-and frees its copy (the function is put back when the pause ends). What stays frozen is about 0.9 MB of small
-objects (a check's peak RSS stays under its figure before this change: `scripts/benchmark.py`).
+and frees its copy (the function is put back when the pause ends). The rest of the imports' garbage stays frozen,
+about 2 MiB (a check's peak RSS stays under its figure before this change: `scripts/benchmark.py`); a long-lived
+worker (scan, batch) unfreezes it for its one full collection instead.
 """
 
 from __future__ import annotations

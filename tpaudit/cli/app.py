@@ -64,17 +64,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    import os
+
     from ._errors import report_error
 
     # a stream the process was started without (`>&-`, `2>&-`) is None in Python: what would be written there goes
     # nowhere, and the exit code still says how the command ended
-    import os
-
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w")
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
-
 
     # rich's help panels need room: below 100 columns they crop option names and help ("--trust-remote-c…"), so a
     # narrow terminal, and a pipe (rich draws 80 columns there), get click's plain help, which wraps and never crops

@@ -110,10 +110,6 @@ class RankReader:
         self.op = rank_shard_operation(tuple(global_shape), tuple(placements), mesh_size, rank)
         self._shapes: dict[tuple, tuple[int, ...] | None] = {}
 
-    def _owned(self, tensor_idx: int) -> bool:
-        op = self.op
-        return op._axis0_offset <= tensor_idx % max(op._axis0_size, 1) < op._axis0_offset + op._axis0_local_size
-
     def owned_flags(self, tensor_indices: list[int]) -> list[bool]:
         """For each checkpoint piece index, whether this rank's shard-on-read keeps the piece whole (an expert in its
         range); pieces with the same stored shape and the same flag read alike (`local_shape`)."""
@@ -128,7 +124,7 @@ class RankReader:
         Raises:
             LoadStepError: `shard_tensor` raises for this tensor (the load fails on this rank).
         """
-        key = (spec.shape, self._owned(spec.tensor_idx))
+        key = (spec.shape, self.owned_flags([spec.tensor_idx])[0])
         if key not in self._shapes:
             import torch
 

@@ -392,7 +392,7 @@ def _classify_tensor_by_tensor(mapping: CheckpointMapping, model, tensors, famil
             continue
         module_name, _, leaf = runtime.rpartition(".")
         claimed = claim and is_quant_tensor_name(leaf)
-        if (not claimed or module_name not in module_names or not leaf or not claimed or runtime in mapping.companions
+        if (not claimed or module_name not in module_names or not leaf or runtime in mapping.companions
                 or leaf in tf.module_buffers(model, module_name)):
             mapping.unmapped.append((tensor, runtime))
             continue
