@@ -38,7 +38,7 @@ def test_qwen3_vl_moe_recommendation_and_kv(tmp_path):
     per_token_tp1 = text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2 * 2
     assert per_token_tp1 == 98_304
     proc = run_main("size", str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), "--gpu-memory", "24GB",
-                   "--context", "32768", "--format", "json")
+                   "--context", "32768", "--ep", "1", "--format", "json")
     assert not proc.stderr, proc.stderr   # the exit code is asserted below, with the options that decide it
     out = json.loads(proc.stdout)
     assert out["schema"] == "tpaudit/size/v1"
@@ -655,7 +655,7 @@ def test_no_fit_advice_names_the_activation_budget_only_when_there_is_one():
 def test_no_fit_advice_points_an_ep_plan_at_ep_and_an_invalid_fit_at_its_reasons():
     # Qwen3-30B-A3B: 30.5 B bf16 parameters (~57 GiB) with an expert-parallel plan; at tp 1 and 2 on 16 GB nothing fits
     snap = str(FIXTURES / "qwen3-30b-a3b.snapshot.json.gz")
-    proc = run_main("size", snap, "--gpu-memory", "16GB", "--tp", "1,2", "--format", "json")
+    proc = run_main("size", snap, "--gpu-memory", "16GB", "--tp", "1,2", "--ep", "1", "--format", "json")
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["recommended"] is None
     assert out["no_fit_advice"].startswith("No option fits:") and "pass --ep 1,2,4,8" in out["no_fit_advice"]
@@ -672,7 +672,8 @@ def test_an_option_whose_plan_cuts_fp8_blocks_is_invalid_even_though_it_loads():
     # tp 4 gives 192 rows = 1.5 blocks a rank, so a rank boundary cuts a block of every expert's projections (TPA202)
     assert 768 // 2 % 128 == 0 and 768 // 4 % 128 != 0
     snap = str(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")
-    out = json.loads(run_main("size", snap, "--gpu-memory", "80GB", "--tp", "2,4", "--format", "json").stdout)
+    out = json.loads(run_main("size", snap, "--gpu-memory", "80GB", "--tp", "2,4", "--ep", "1", "--format",
+                              "json").stdout)
     valid = {o["tp_size"]: (o["valid"], o["reason"]) for o in out["options"]}
     assert valid[2] == (True, None)
     assert valid[4][0] is False and valid[4][1].startswith("the plan breaks the forward: TPA202")

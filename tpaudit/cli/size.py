@@ -73,8 +73,10 @@ def size(
     gpu_memory: Annotated[Optional[str], typer.Option("--gpu-memory", help="Memory of one GPU: 80GB, 24GiB, ...")]
     = None,
     tp: Annotated[str, typer.Option("--tp", help="tp sizes to try, comma-separated.")] = "1,2,4,8",
-    ep: Annotated[str, typer.Option("--ep", help="ep sizes to try with every tp size; a pair transformers refuses "
-                                          "(ep not 1 or tp in 5.23/5.24) is shown invalid.")] = "1",
+    ep: Annotated[Optional[str], typer.Option(
+        "--ep", help="ep sizes to try with every tp size; a pair transformers refuses (ep not 1 or tp in 5.23-5.25) "
+                     "is shown invalid. Default: 1, and for a model with an expert-parallel plan also every ep size "
+                     "transformers accepts on each tp size's ranks.")] = None,
     context: Annotated[int, typer.Option("--context", help="Tokens per sequence in the KV cache.")] = 8192,
     batch: Annotated[int, typer.Option("--batch", help="Sequences held at once.")] = 1,
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype (default: the model's): "
@@ -144,7 +146,8 @@ def size(
     source, _ = read_beside(model, versions, revision=revision, token=token,
                             progress=format == "table" and sys.stdout.isatty())
     report = size_model(source, capacity_bytes=capacity, gpu_name=gpu, tp_sizes=_int_list(tp, "--tp"),
-                        ep_sizes=_int_list(ep, "--ep"), context=context, batch=batch, kv_dtype=kv_dtype,
+                        ep_sizes=_int_list(ep, "--ep") if ep is not None else None, context=context, batch=batch,
+                        kv_dtype=kv_dtype,
                         overhead=parse_overhead(overhead), plan_override=plan_override, architecture=architecture,
                         trust_remote_code=trust_remote_code, training=setup)
     emit("size", format, report, output, unit=units.value)

@@ -156,8 +156,9 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
         console.print(Text(f"tp {o.tp_size:>2} ep {o.ep_size:>2} worst r{worst:<3}") + bar)
     what = "training" if training else "serving"
     if rec is not None:
-        console.print(Text(f"Recommended for {what}: tp_size {rec.tp_size}, ep_size {rec.ep_size} (the smallest valid "
-                           f"option that fits). Its ranks:", style="bold green"))
+        console.print(Text(f"Recommended for {what}: tp_size {rec.tp_size}, ep_size {rec.ep_size} "
+                           f"({inert(report.recommended_why)}). Its ranks:",
+                           style="bold green" if rec.clean else "bold yellow"))
         ranks = rec.training.ranks if training else rec.ranks
         for r in ranks[:16]:
             parts = _training_parts(r, rec.training.overhead_bytes) if training else _serving_parts(r)
@@ -302,14 +303,14 @@ def render_html(report: SizeReport, *, unit: str = "GiB", **_) -> str:
         free = cap - total
         status = (f'{badge}{esc(_gib(total, unit))} of {esc(_gib(cap, unit))}<br>'
                   f'{"free " + esc(_gib(free, unit)) if free >= 0 else "over by " + esc(_gib(-free, unit))}')
-        reason = f'<div class="reason">{esc(o.reason)}</div>' if not o.valid and o.reason else ""
+        reason = f'<div class="reason">{esc(o.why)}</div>' if o.why else ""
         rows.append(f'<div class="row{" rec" if is_rec else ""}">{label}<div class="track">{"".join(segs)}</div>'
                     f'<div class="status">{status}</div>{reason}</div>')
     table = _html_table(report, unit)
     what = "training model states" if training else f"serving: weights + KV cache for {report.context:,} tokens x " \
         f"batch {report.batch} ({esc(report.kv_dtype)})"
     recommended = (f"Recommended for {'training' if training else 'serving'}: <b>tp_size {rec.tp_size}, ep_size "
-                   f"{rec.ep_size}</b> (the smallest valid option that fits)." if rec else
+                   f"{rec.ep_size}</b> ({esc(report.recommended_why)})." if rec else
                    f"<b>{esc(report.no_fit_advice)}</b>")
     notes = [f"Overhead policy: {report.overhead.describe()}.",
              "Each bar: the worst rank of the option (the rank needing the most memory); the dashed line is the GPU's "

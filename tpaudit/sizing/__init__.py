@@ -223,6 +223,26 @@ class SizeOption:
         return self.valid and self.worst is not None and self.worst.total_bytes <= self.capacity_bytes
 
     @property
+    def clean(self) -> bool:
+        """Valid, and no error finding."""
+        return self.valid and not self.errors
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the option needs: `max(tp_size, ep_size)` (transformers puts TP and EP on the same ranks)."""
+        return max(self.tp_size, self.ep_size)
+
+    @property
+    def why(self) -> str | None:
+        """One line: why the option is invalid, or which error findings its plan has; `None` when it is clean."""
+        if not self.valid:
+            return self.reason
+        if not self.errors:
+            return None
+        shown = ", ".join(self.errors[:3]) + (f" and {len(self.errors) - 3} more" if len(self.errors) > 3 else "")
+        return f"loads, but its plan has {len(self.errors)} error finding(s): {shown}"
+
+    @property
     def naive_param_bytes(self) -> int:
         """What `total / world_size` would claim each rank holds."""
         return -(-self.total_param_bytes // max(self.tp_size, self.ep_size))
@@ -247,6 +267,7 @@ class SizeOption:
             "fits": self.fits,
             "naive_param_bytes": self.naive_param_bytes,
             "errors": self.errors,
+            "why": self.why,
             **ctx,
             "training": self.training.to_json() if self.training else None,
             "ranks": [{"rank": r.rank, "param_bytes": r.param_bytes, "kv_cache_bytes": r.kv_cache_bytes,
@@ -272,6 +293,7 @@ class SizeReport:
     training_notes: tuple[str, ...] = ()
     frozen: tuple[dict, ...] = ()
     ep_untried: bool = False
+    ep_searched: tuple[tuple[int, int], ...] = ()
 
     @property
     def no_fit_advice(self) -> str | None:
@@ -298,10 +320,34 @@ class SizeReport:
 
     @property
     def recommended(self) -> SizeOption | None:
-        """The smallest valid (tp, ep) that fits, `None` when none does. With `training`, "fits" means the model
-        states (+ activation budget + overhead) fit; else the weights + KV cache (+ overhead) do."""
+        """The option to run, `None` when no valid option fits. With `training`, "fits" means the model states
+        (+ activation budget + overhead) fit; else the weights + KV cache (+ overhead) do.
+
+        An option without error findings (`clean`) is always preferred to one with them; among the preferred, the
+        fewest GPUs (`max(tp_size, ep_size)`), then the smallest worst rank, then the smaller tp and ep."""
         fitting = [o for o in self.options if (o.training_fits if self.training else o.fits)]
-        return min(fitting, key=lambda o: (o.tp_size, o.ep_size)) if fitting else None
+        if not fitting:
+            return None
+        clean = [o for o in fitting if o.clean]
+        return min(clean or fitting, key=lambda o: (o.gpus, self._worst_bytes(o), o.tp_size, o.ep_size))
+
+    def _worst_bytes(self, option: SizeOption) -> int:
+        """The worst rank's bytes that decide the fit (training states + overhead with `training`)."""
+        if self.training:
+            return option.training.required_bytes(option.training.worst) if option.training else 0
+        return option.worst.total_bytes if option.worst else 0
+
+    @property
+    def recommended_why(self) -> str | None:
+        """Why the recommended option was chosen, in words (`None` when nothing is recommended)."""
+        rec = self.recommended
+        if rec is None:
+            return None
+        if rec.clean:
+            return "the option without error findings that fits on the fewest GPUs, then the smallest worst rank"
+        shown = ", ".join(rec.errors[:3]) + (f" and {len(rec.errors) - 3} more" if len(rec.errors) > 3 else "")
+        return (f"no option without error findings fits; this one loads and fits on the fewest GPUs but its plan has "
+                f"{len(rec.errors)} error finding(s): {shown}")
 
     def to_json(self) -> dict[str, Any]:
         """The `tpaudit/size/v1` JSON object (sizes in integer bytes)."""
@@ -314,6 +360,8 @@ class SizeReport:
                                 "description": self.overhead.describe()},
             "options": [o.to_json() for o in self.options],
             "recommended": {"tp_size": rec.tp_size, "ep_size": rec.ep_size} if rec else None,
+            "recommended_why": self.recommended_why,
+            "ep_searched": [list(p) for p in self.ep_searched],
             "recommended_for": "training" if self.training else "serving",
             "no_fit_advice": self.no_fit_advice,
             "training": ({**self.training.to_json(), "notes": list(self.training_notes),
@@ -509,8 +557,10 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
         gpu_name (`str`, *optional*): preset name, for the report.
         tp_sizes (`list[int]`): tensor-parallel sizes to try.
         ep_sizes (`list[int]`, *optional*): expert-parallel sizes, each combined with every tp size; a pair the
-            installed transformers refuses (5.23/5.24 without FSDP: ep_size 1 or tp_size) is an invalid option with
-            transformers' reason. Default `[1]`.
+            installed transformers refuses (5.23-5.25 without FSDP: ep_size 1 or tp_size) is an invalid option with
+            transformers' reason. Default (`None` or empty): `[1]`, and for a model with an expert-parallel plan also
+            every layout transformers accepts on each tp size's ranks (`expert_layouts`; the report's `ep_searched`
+            and a note say which).
         context (`int`): tokens per sequence kept in the KV cache.
         batch (`int`): sequences.
         kv_dtype (`str`, *optional*): cache dtype (`bfloat16`, `float16`, `float8_e4m3fn`, `float32`); default: the
@@ -537,6 +587,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     if context < 1 or batch < 1:
         raise UsageError(f"--context {context} / --batch {batch} must be positive integers")
     overhead = overhead or OverheadPolicy()
+    search_ep = not ep_sizes
     ep_sizes = ep_sizes or [1]
     for flag, values in (("--tp", tp_sizes), ("--ep", ep_sizes)):
         if any(v < 1 or v > MAX_WORLD_SIZE for v in values):
@@ -545,6 +596,8 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     audit = Audit(source, BuildOptions(plan_override=plan_override, architecture=architecture,
                                        trust_remote_code=trust_remote_code, dtype=dtype))
     versions = audit.versions
+    searched = expert_layouts(audit, tp_sizes) if search_ep else []
+    pairs = sorted(set(pairs) | set(searched))
     options, model_info, notes, kv_name = [], None, set(), kv_dtype
     cap_tokens = max_position_embeddings(source.config)
     if cap_tokens is not None and context > cap_tokens:
@@ -603,7 +656,33 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     from ..compat import backend
 
     ep_untried = all(ep == 1 for _, ep in pairs) and bool(backend().merged_plans(audit.built.model)[1])
+    if searched:
+        tried = ", ".join(f"tp {tp} ep {ep}" for tp, ep in searched)
+        notes.add(f"expert layouts: the model has an expert-parallel plan and no --ep was given, so each tp size was "
+                  f"also tried with the ep sizes transformers {versions.get('transformers', '')} accepts on the same "
+                  f"ranks ({tried}); --ep 1 sizes tensor parallelism alone")
     return SizeReport(model=model_info, gpu=gpu, context=context, batch=batch, kv_dtype=kv_name or "model dtype",
                       overhead=overhead, options=tuple(options), versions=versions, notes=tuple(sorted(notes)),
                       training=training, training_notes=training_notes, frozen=tuple(frozen.values()),
-                      ep_untried=ep_untried)
+                      ep_untried=ep_untried, ep_searched=tuple(searched))
+
+
+def expert_layouts(audit, tp_sizes: list[int]) -> list[tuple[int, int]]:
+    """The `(tp_size, ep_size)` pairs with `ep_size > 1` that the installed transformers accepts on each tp size's
+    ranks (`ep_size` from 2 to `tp_size`, asked of its own `DistributedConfig` validation through the seam:
+    `accepted_ep_sizes`; 5.23-5.25 accept `ep_size = tp_size`), for a model with an expert-parallel plan; `[]` for a
+    model without one.
+
+    Args:
+        audit (`Audit`): the built model.
+        tp_sizes (`list[int]`): the tp sizes asked for.
+
+    Returns:
+        The pairs, ascending.
+    """
+    from ..compat import backend
+
+    tf = backend()
+    if not tf.merged_plans(audit.built.model)[1]:
+        return []
+    return sorted((tp, ep) for tp in set(tp_sizes) for ep in tf.accepted_ep_sizes(tp, range(2, tp + 1)))

@@ -243,6 +243,30 @@ class PlanSeam:
         except (ValueError, TypeError) as e:
             raise PlanRejectedError(_first_line(str(e), 400)) from None
 
+    def accepted_ep_sizes(self, tp_size: int, candidates) -> list[int]:
+        """The expert-parallel sizes among `candidates` (each > 1) that transformers accepts next to `tp_size` on
+        `tp_size` ranks with no other parallelism: those its own `DistributedConfig` validation does not refuse
+        (5.23-5.25: `ep_size` a multiple of `tp_size` that divides `fsdp_size x tp_size`, so `ep_size = tp_size`).
+        Asked of transformers for each candidate, not copied, so a release that decouples the sizes answers more.
+
+        Args:
+            tp_size (`int`): tensor-parallel ranks.
+            candidates (iterable of `int`): ep sizes to ask about.
+
+        Returns:
+            The accepted sizes, ascending.
+
+        Source: transformers `DistributedConfig.__post_init__` (distributed/configuration_utils.py).
+        """
+        accepted = []
+        for ep in sorted(set(candidates)):
+            try:
+                self.distributed_config(tp_size, ep)
+            except PlanRejectedError:
+                continue
+            accepted.append(ep)
+        return accepted
+
     def resolve_plans(self, model, dc) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str], tuple]:
         """The concrete TP and EP plans `from_pretrained` applies: overrides merged, EP rules winning over TP rules on
         the same modules, `*` expanded into layer numbers; and the merged plans with the overrides.
