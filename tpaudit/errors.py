@@ -72,6 +72,21 @@ class ConfigError(InputError):
         self.fix = fix
 
 
+class ParityUnavailableError(ConfigError):
+    """The parity check cannot build or run the small model of this architecture: no evidence either way.
+
+    `check` reports it as an input error (exit 2); `scan` keeps the type's static audit and notes on its row why
+    parity could not run.
+
+    Attributes:
+        reason (`str`): what failed, without the advice (`"the parity check cannot run a small X: KeyError: ..."`).
+        fix (`str`): how to skip the check (`"Skip it with --no-parity"`).
+    """
+
+    def __init__(self, message: str, *, fix: str = "Skip it with --no-parity"):
+        super().__init__(message, fix=fix)
+
+
 class CheckpointError(InputError):
     """A safetensors header or index is unreadable, malformed, or lists a shard that is missing.
 

@@ -26,8 +26,10 @@ def scan(
     strict: Annotated[bool, typer.Option("--strict", help="Full scan: exit 1 when any model type has an error "
                                                           "finding.")] = False,
     parity: Annotated[bool, typer.Option(
-        "--parity", help="Also run the sharded-forward parity check where a model type's plan splits a fused or "
-                         "packed projection (threaded ranks per such model type: seconds each).")] = False,
+        "--parity/--no-parity", help="Also run the sharded-forward parity check where a model type's plan splits a "
+                                     "fused or packed projection (threaded ranks per such model type: seconds "
+                                     "each). Where it cannot run, the type keeps its static audit and its row says "
+                                     "why.")] = False,
 ) -> int:
     """Simulate every model type (or the ones named) from its default config and report plan coverage.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..compat import parity as seam
 from ..compat.logic import generic_name
-from ..errors import ConfigError, UsageError
+from ..errors import ParityUnavailableError, UsageError
 from ..metamodel import vocabulary as V
 
 # The kernels on both sides: float32 eager attention, and the eager expert loop for tensor parallelism (the
@@ -321,8 +321,8 @@ def _text_route(config, model_class) -> tuple[Any, Any, str]:
         if cls is not None:
             return text, cls, (f"text decoder only ({name} built from the {type(text).__name__}, where the plan "
                                f"lives); the other towers of {model_class.__name__} are not run")
-    raise UsageError(f"{model_class.__name__} is composite and transformers has no class for its text config "
-                     f"{text.model_type!r}: the parity check cannot build its decoder alone")
+    raise ParityUnavailableError(f"{model_class.__name__} is composite and transformers has no class for its text "
+                                 f"config {text.model_type!r}: the parity check cannot build its decoder alone")
 
 
 def _decoder_layers(model):
@@ -588,7 +588,7 @@ def small_model(config, model_class, tp_plan: dict | None, tp_size: int, *, seed
 
     Raises:
         UsageError: `model_class` is not a transformers model class, or `tp_size < 1`.
-        ConfigError: the small model cannot be built from this config (no evidence either way).
+        ParityUnavailableError: the small model cannot be built from this config (no evidence either way).
     """
     if tp_size < 1:
         raise UsageError(f"tp_size {tp_size} is invalid: the parity check needs tp_size >= 1. Pass --tp 2 or more")
@@ -596,11 +596,11 @@ def small_model(config, model_class, tp_plan: dict | None, tp_size: int, *, seed
     with one_thread():
         try:
             return build_small_model(config, cls, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys)
-        except UsageError:
+        except (UsageError, ParityUnavailableError):
             raise
         except Exception as e:  # noqa: BLE001 - reported as what it is: no small model, no evidence
-            raise ConfigError(f"the parity check cannot build a small {cls.__name__} from this config: "
-                              f"{short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
+            raise ParityUnavailableError(f"the parity check cannot build a small {cls.__name__} from this config: "
+                                         f"{short(f'{type(e).__name__}: {e}', 160)}") from None
 
 
 def short(text: str, limit: int = 240) -> str:

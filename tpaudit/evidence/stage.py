@@ -31,6 +31,10 @@ from .small_model import small_model
 from .trace import SPLIT_OUTPUT_STYLES, split_outputs
 
 
+SWITCHED_OFF = "not run: switched off"
+"""How the `reason` of a parity section begins when the check was switched off (`--no-parity`, a plain scan)."""
+
+
 def _single_widths(facts) -> set[int]:
     """Output widths of single (unfused) projections the config names (`vocabulary.SINGLE_OUTPUTS`), and every head
     count times a head width (`SINGLE_HEADS` x `SINGLE_HEAD_DIMS`, with `hidden / heads` and MLA's `qk_nope_head_dim +
@@ -95,7 +99,7 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
     if resolved.loader_errors:
         return skipped(resolved, "not run: from_pretrained refuses this plan (see TPA003)")
     if mode == "off":
-        return skipped(resolved, "not run: switched off (--no-parity); fused-projection suspicions stay warnings")
+        return skipped(resolved, f"{SWITCHED_OFF} (--no-parity); fused-projection suspicions stay warnings")
     if built.instance_plans is not None:
         return skipped(resolved, "not run: a model object's merged plans cannot be given to a small model of its "
                                  "architecture")

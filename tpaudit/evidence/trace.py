@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..compat import parity as seam
 from ..compat.logic import generic_name, parameter_rule
-from ..errors import ConfigError
+from ..errors import ParityUnavailableError
 from ..model import SplitOutput
 from .small_model import SmallModel, one_thread, short, small_model
 
@@ -432,7 +432,7 @@ def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, se
 
     Raises:
         UsageError: `model_class` is not a transformers model class, or `tp_size < 1`.
-        ConfigError: the small model cannot be built or run from this config (no evidence either way).
+        ParityUnavailableError: the small model cannot be built or run from this config (no evidence either way).
     """
     own = small is None
     with one_thread():
@@ -441,8 +441,8 @@ def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, se
         try:
             found, _ = trace(small)
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"the parity check cannot run a small {small.model_class.__name__}: "
-                              f"{short(f'{type(e).__name__}: {e}', 160)}. Skip it with --no-parity") from None
+            raise ParityUnavailableError(f"the parity check cannot run a small {small.model_class.__name__}: "
+                                         f"{short(f'{type(e).__name__}: {e}', 160)}") from None
         finally:
             if own:
                 small.cleanup()

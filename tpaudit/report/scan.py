@@ -13,6 +13,26 @@ if TYPE_CHECKING:  # annotations only: a `check` that loads every renderer need 
     from ..run.scan import ScanReport
 
 
+def parity_summary(report: ScanReport) -> str | None:
+    """One line: how many types the parity check gave a verdict (passed, failed), could not run, did not need."""
+    c = report.parity_counts
+    if c is None:
+        return None
+    return (f"parity: {plural(c['checked'], 'type')} checked ({c['passed']} passed, {c['failed']} failed), "
+            f"{c['could_not_run']} could not run, {c['not_checked']} not needed")
+
+
+def _parity_notes(report: ScanReport) -> list[tuple[str, str]]:
+    """`(model_type, why)` for each row whose parity check could not run."""
+    out = []
+    for m in report.models:
+        if m.parity_outcome != "could_not_run":
+            continue
+        why = m.parity_error or (m.parity or {}).get("error") or (m.parity or {}).get("reason") or ""
+        out.append((m.model_type, why))
+    return out
+
+
 @renderer("scan", "table", rich=True, width=200)
 def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_) -> None:
     """Print one row per model type (status, error count, replicated bytes and share, error families) on `console`."""
@@ -36,6 +56,10 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
                   f"{share:.1%}" if share is not None else "-", Text(inert(m.error_families())),
                   str(len(m.unused_rules)), style=style)
     console.print(t)
+    if (line := parity_summary(report)) is not None:
+        console.print(Text(line, style="bold"))
+        for model_type, why in _parity_notes(report):
+            console.print(Text(inert(f"  {model_type}: parity could not run: {shorten(why, 320)}"), style="dim"))
 
 
 @renderer("scan", "markdown")
@@ -43,6 +67,7 @@ def render_markdown(report: ScanReport, **_) -> str:
     """The scan as a Markdown table for a pull-request comment (model types without a model class left out)."""
     lines = [f"### tpaudit scan: tp_size {report.tp_size}", "",
              f"{len(report.models)} model types: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())),
+             *(["", prose(line)] if (line := parity_summary(report)) is not None else []),
              "", "| model_type | status | errors | replicated | share | replicated families (error) |",
              "|---|---|---:|---:|---:|---|"]
     for m in report.models:
@@ -52,6 +77,10 @@ def render_markdown(report: ScanReport, **_) -> str:
         lines.append(f"| {code(m.model_type)} | {prose(m.status)} | {m.errors} | "
                      f"{format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else '-'} | "
                      f"{f'{share:.1%}' if share is not None else '-'} | {prose(m.error_families())} |")
+    notes = _parity_notes(report)
+    if notes:
+        lines += ["", "Parity could not run (the static audit above stands):", ""]
+        lines += [f"- {code(t)}: {prose(shorten(why, 320))}" for t, why in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -137,7 +166,10 @@ def render_html(report: ScanReport, **_) -> str:
         f"<p>{len(report.models)} model types ({esc(counts)}). Each cell: the share of that component's "
         "weights (2-D and larger) that every rank holds whole because no rule shards it. Click a header to sort. "
         f"{versions}.</p>"
-        "<p class=\"legend\"><span style=\"background:rgb(0,200,70)\"></span>0% "
+        + (f"<p>{esc(line)}.</p>" if (line := parity_summary(report)) is not None else "")
+        + "".join(f"<p class=\"note\">{esc(t)}: parity could not run: {esc(shorten(why, 320))}</p>"
+                  for t, why in _parity_notes(report))
+        + "<p class=\"legend\"><span style=\"background:rgb(0,200,70)\"></span>0% "
         "<span style=\"background:rgb(255,200,70)\"></span>50% <span style=\"background:rgb(255,0,70)\"></span>100% "
         "replicated</p>"
         f"<table><thead><tr><th>model type</th><th>status</th><th>errors</th><th>replicated share</th>"

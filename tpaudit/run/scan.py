@@ -68,6 +68,9 @@ class ScanResult:
         replicated (`list[dict]`), unused_rules (`list[str]`), findings (`list[dict]`): as in the check report.
         components (`dict`): component -> `{"bytes", "replicated_bytes"}` for the heat map.
         parity (`dict`, *optional*): the parity section when `--parity` ran it.
+        parity_error (`str`, *optional*): why the parity check could not build or run its small model, with the
+            option that skips it; the row keeps the static audit's status and findings (`parity` then says it did not
+            run).
         seconds (`float`): wall time of this row.
     """
 
@@ -83,6 +86,7 @@ class ScanResult:
     findings: list[dict] = field(default_factory=list)
     components: dict[str, dict[str, int]] = field(default_factory=dict)
     parity: dict | None = None
+    parity_error: str | None = None
     seconds: float = 0.0
 
     @property
@@ -94,6 +98,27 @@ class ScanResult:
     def failing(self) -> bool:
         """It does not build, hit a tpaudit bug, or has an error finding (what the CI gate fails on)."""
         return self.status in ("build_failed", "internal_error") or self.errors > 0
+
+    @property
+    def parity_outcome(self) -> str | None:
+        """What the parity check gave this row: `"passed"` (every compared output matched), `"failed"` (a rank raised
+        or an output diverged), `"could_not_run"` (it was needed or asked for, but no small model was built or ran,
+        or the run compared nothing), `"not_checked"` (not needed: nothing the forward cuts into parts, one rank, or
+        switched off), `None` without `--parity`."""
+        from ..evidence.cache import NOT_NEEDED
+        from ..evidence.stage import SWITCHED_OFF
+
+        if self.parity_error is not None:
+            return "could_not_run"
+        p = self.parity
+        if p is None or (p.get("reason") or "").startswith(SWITCHED_OFF):
+            return None
+        if p.get("ran"):
+            return {True: "passed", False: "failed"}.get(p.get("passed"), "could_not_run")
+        reason = p.get("reason") or ""
+        if reason.startswith(NOT_NEEDED) or reason.startswith("not run: one rank"):
+            return "not_checked"
+        return "could_not_run"
 
     @property
     def replicated_share(self) -> float | None:
@@ -116,13 +141,16 @@ class ScanResult:
                "components": self.components, "seconds": round(self.seconds, 3)}
         if self.parity is not None:
             out["parity"] = self.parity
+        if self.parity_error is not None:
+            out["parity_error"] = self.parity_error
         return out
 
     @classmethod
     def from_json(cls, row: dict) -> "ScanResult":
         """The row a worker process sent back."""
         return cls(**{k: row.get(k) for k in ("model_type", "status", "architecture", "reason", "total_param_bytes",
-                                              "worst_rank_param_bytes", "replicated_bytes", "parity")},
+                                              "worst_rank_param_bytes", "replicated_bytes", "parity",
+                                              "parity_error")},
                    replicated=row.get("replicated") or [], unused_rules=row.get("unused_rules") or [],
                    findings=row.get("findings") or [], components=row.get("components") or {},
                    seconds=row.get("seconds") or 0.0)
@@ -133,6 +161,9 @@ def model_types() -> list[str]:
     from ..compat import backend
 
     return sorted(backend().config_classes().keys())
+
+
+_PARITY_OFF_HINT = "Skip it with --no-parity"
 
 
 def _first_lines(e: BaseException) -> str:
@@ -157,7 +188,7 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
     from .pipeline import Audit
     from ..metamodel import BuildOptions
     from ..compat import backend
-    from ..errors import ConfigError, TpauditError
+    from ..errors import ConfigError, ParityUnavailableError, TpauditError
     from ..model import ModelSource, ParallelSizes
 
     tf = backend()
@@ -178,11 +209,15 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
                           reason=f"{_first_lines(e)} (transformers' default {model_type} config)",
                           seconds=time.perf_counter() - start)
     source = ModelSource(ref=model_type, kind="local", config={"model_type": model_type})
-    report, failure, class_name = None, None, classes[0][0]
+    report, failure, class_name, parity_error = None, None, classes[0][0], None
     for class_name, _ in classes:  # the first class that builds from the default config
         try:
             audit = Audit(source, BuildOptions(architecture=class_name, config=config, dtype="bfloat16"))
-            report = audit.report(ParallelSizes.of(tp_size), parity=parity)
+            try:
+                report = audit.report(ParallelSizes.of(tp_size), parity=parity)
+            except ParityUnavailableError as e:  # no small model: the static audit stands, the row says why
+                parity_error = f"{e.reason}. {_PARITY_OFF_HINT}"
+                report = audit.report(ParallelSizes.of(tp_size), parity="off")
             break
         except TpauditError as e:
             # the config is transformers' own default for the type: advice to fix "the config" does not apply
@@ -209,7 +244,7 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
                     for f in report.replicated],
         unused_rules=list(report.unused_rules), findings=[f.to_json() for f in report.findings],
         components=components, parity=report.parity.to_json() if report.parity is not None else None,
-        seconds=time.perf_counter() - start)
+        parity_error=parity_error, seconds=time.perf_counter() - start)
 
 
 def _row(model_type: str, tp_size: int, parity: str) -> dict:
@@ -249,10 +284,24 @@ class ScanReport:
             counts[m.status] = counts.get(m.status, 0) + 1
         return counts
 
+    @property
+    def parity_counts(self) -> dict[str, int] | None:
+        """The parity check's outcomes over the rows (`None` without `--parity`): `checked` (types whose parity run
+        gave a verdict), `passed`, `failed`, `could_not_run` (needed or asked for, but no verdict: see each row's
+        `parity_error` or `parity.reason`), `not_checked` (nothing needed evidence)."""
+        outcomes = [m.parity_outcome for m in self.models]
+        if not any(o is not None for o in outcomes):
+            return None
+        counts = {k: outcomes.count(k) for k in ("passed", "failed", "could_not_run", "not_checked")}
+        return {"checked": counts["passed"] + counts["failed"], **counts}
+
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCAN_SCHEMA, "tp_size": self.tp_size, "versions": self.versions,
-                "selected": self.selected, "seconds": round(self.seconds, 1), "counts": self.counts,
-                "models": [m.to_json() for m in self.models]}
+        out = {"schema": SCAN_SCHEMA, "tp_size": self.tp_size, "versions": self.versions,
+               "selected": self.selected, "seconds": round(self.seconds, 1), "counts": self.counts}
+        if (parity := self.parity_counts) is not None:
+            out["parity_counts"] = parity
+        out["models"] = [m.to_json() for m in self.models]
+        return out
 
 
 def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | None = None,
