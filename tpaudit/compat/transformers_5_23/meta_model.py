@@ -7,6 +7,7 @@ import contextlib
 from typing import Any
 
 from .._types import ConfigReadError, ModuleFacts, QuantizationInfo
+from ..quant_patterns import check_patterns, probe_matching
 from ._common import _first_line, _quiet_quantizer_packages
 
 
@@ -221,13 +222,18 @@ class MetaModelSeam:
         try:
             with self.quiet():  # its warning ("Unknown quantization type") is TPA205's to say, once
                 known = AutoHfQuantizer.supports_quant_method(qc_dict)
-            if not known:
-                return None, QuantizationInfo(method, reason=f"transformers does not know quant_method {method!r}",
-                                              known=False)
+        except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header
+            return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
+        if not known:
+            return None, QuantizationInfo(method, reason=f"transformers does not know quant_method {method!r}",
+                                          known=False)
+        check_patterns(qc_dict)  # before the quantizer parses or matches them: bounded, or exit 2
+        try:
             with self.quiet():
                 quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
         except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header
             return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
+        quantizer._tpaudit_config = qc_dict
         if gpu_view:
             quantizer._tpaudit_gpu_view = True
         else:  # this host's load: the quantizer's own decision for it (FP8 and MXFP4 dequantize without a GPU)
@@ -292,6 +298,9 @@ class MetaModelSeam:
         with self.quiet(), ContextManagers(contexts):
             model = cls(config)
             if quantizer is not None:
+                # the quantizer's `re.match` of its config's patterns against every module name, run first under
+                # a time budget (`ConfigError`, exit 2, past it)
+                probe_matching(getattr(quantizer, "_tpaudit_config", {}), [n for n, _ in model.named_modules()])
                 try:
                     view = _as_on_gpu() if getattr(quantizer, "_tpaudit_gpu_view", False) else \
                         contextlib.nullcontext()
