@@ -117,3 +117,141 @@ def test_a_dense_model_gets_no_expert_layouts():
                     "--format", "json")
     out = json.loads(proc.stdout)
     assert out["ep_searched"] == [] and {o["ep_size"] for o in out["options"]} == {1}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. Every concrete fix is re-checked before it is printed
+# ----------------------------------------------------------------------------------------------------------------------
+def check_json(*args):
+    proc = run_main("check", *args, "--format", "json")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def errors_of(out) -> list[str]:
+    return [f"{f['code']} {f['target']}" for f in out["findings"] if f["severity"] == "error"]
+
+
+def assert_fix_offers_only_clean_alternatives(finding):
+    verified = finding["verified"]
+    alternatives = verified["alternatives"]
+    clean = [a for a in alternatives if a["exit_code"] == 0]
+    for a in alternatives:
+        assert a["errors"] == len(a["remaining"]) and (a["exit_code"] == 0) == (a["errors"] == 0)
+    if clean:
+        assert finding["fix"].endswith("(re-checked with the whole check, load stage included: 0 errors)")
+        assert (verified["exit_code"], verified["errors"]) == (0, 0)
+        for a in alternatives:
+            assert (f"--tp {a['tp_size']}" + (f" --ep {a['ep_size']}" if a["ep_size"] > 1 else "")
+                    in finding["fix"]) == (a in clean), (a, finding["fix"])
+    else:
+        assert finding["fix"].startswith("No re-checked alternative is clean (")
+        for a in alternatives:
+            assert f"still has {a['errors']} error(s)" in finding["fix"] or a["exit_code"] == 2
+
+
+def test_tpa202_fix_offers_only_tp_sizes_and_ep_whose_whole_check_is_clean():
+    """Qwen3-30B-A3B-FP8 (128 x 128 blocks) at tp 4: `moe_intermediate_size` 768 = 6 blocks, cut at tp 4 (192 rows).
+    The sizes that keep the blocks whole (2, 3) are re-checked with the whole check: tp 3 cannot be clean (32
+    attention heads, 4 KV heads and the vocabulary do not divide by 3), so it is never offered; each re-check's exit
+    code and error count are what `check` itself gives for that option."""
+    fp8 = str(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")
+    config = read_json_any(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")["config"]
+    assert config["num_attention_heads"] % 3 and config["num_key_value_heads"] % 3 and config["vocab_size"] % 3
+    assert (768 // 4) % 128 and (768 // 2) % 128 == 0 and (768 // 3) % 128 == 0
+    code, out = check_json(fp8, "--tp", "4")
+    assert code == 1
+    tpa202 = [f for f in out["findings"] if f["code"] == "TPA202"]
+    for f in out["findings"]:
+        if "verified" in f:
+            assert_fix_offers_only_clean_alternatives(f)
+    for f in tpa202:
+        by_sizes = {(a["tp_size"], a["ep_size"]): a for a in f["verified"]["alternatives"]}
+        assert (3, 1) in by_sizes and by_sizes[(3, 1)]["exit_code"] == 1
+        assert "--tp 3" not in f["fix"] and "TPA101 num_attention_heads" in by_sizes[(3, 1)]["remaining"]
+    if tpa202:  # 5.23/5.24: the experts are split by TP at tp 4 and cut their blocks
+        alternatives = tpa202[0]["verified"]["alternatives"]
+        for a in alternatives:
+            args = ["--tp", str(a["tp_size"])] + (["--ep", str(a["ep_size"])] if a["ep_size"] > 1 else [])
+            direct_code, direct = check_json(fp8, *args)
+            assert (direct_code, len(errors_of(direct))) == (a["exit_code"], a["errors"]), args
+
+
+def test_an_expert_fix_is_ep_rechecked_clean_and_the_release_is_named_when_it_dropped_the_rules():
+    """Qwen3-VL-30B-A3B at tp 4 with the shipped plan: under 5.23/5.24 the TP load of the stored experts fails
+    (TPA304), under 5.25 the experts have no TP rule and are held whole (TPA001). Either way the fix is `--ep 4`,
+    re-checked clean, and `check --tp 4 --ep 4` is indeed clean. The message names the release only when its shipped
+    plan has no TP rule for the experts (read from transformers' own config class)."""
+    from transformers import Qwen3VLMoeTextConfig
+
+    import transformers
+
+    shipped = Qwen3VLMoeTextConfig.base_model_tp_plan or {}
+    dropped = not any("experts" in k for k in shipped)
+    code, out = check_json(QWEN3_VL, "--tp", "4")
+    assert code == 1
+    experts = [f for f in out["findings"] if f["severity"] == "error" and ".mlp.experts." in f["target"]]
+    assert sorted(f["target"].rsplit(".", 1)[1] for f in experts) == ["down_proj", "gate_up_proj"]
+    assert {f["code"] for f in experts} == ({"TPA001"} if dropped else {"TPA304"})
+    for f in experts:
+        assert f["fix"].startswith("Use expert parallelism, --tp 4 --ep 4")
+        assert f["verified"]["exit_code"] == 0 and f["verified"]["errors"] == 0
+        plain = f"transformers {transformers.__version__} splits these experts by expert parallelism only"
+        assert (plain in f["message"]) == dropped
+    direct_code, direct = check_json(QWEN3_VL, "--tp", "4", "--ep", "4")
+    assert direct_code == 0 and errors_of(direct) == []
+
+
+def test_fix_text_when_no_alternative_is_clean_names_what_remains():
+    from tpaudit.model import Finding, FixOption
+    from tpaudit.run.fixes import Recheck, fix_text
+
+    f = Finding("TPA202", "quant_block_misaligned", "error", "x", "m", fix="old", fix_fallback="Re-quantize")
+    a, b = FixOption("Use --tp 3, which keeps its blocks whole", 3), FixOption("Use --tp 2", 2)
+    text = fix_text(f, [Recheck(a, 1, ("TPA101 num_attention_heads", "TPA101 vocab_size")),
+                        Recheck(b, 1, ("TPA001 w",))])
+    assert text == ("No re-checked alternative is clean (Use --tp 3, which keeps its blocks whole still has 2 error(s): "
+                    "TPA101 num_attention_heads, TPA101 vocab_size; Use --tp 2 still has 1 error(s): TPA001 w). "
+                    "Re-quantize")
+    assert fix_text(f, [Recheck(a, 0, ()), Recheck(b, 0, ())]) == (
+        "Use --tp 3, which keeps its blocks whole; or use --tp 2 (re-checked with the whole check, load stage "
+        "included: 0 errors)")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. --suggest proposes the configuration that works
+# ----------------------------------------------------------------------------------------------------------------------
+def test_suggest_on_case_01_proposes_expert_parallelism_and_a_clean_recheck():
+    """Case 01 at tp 4: both experts families are replicated (TPA001 x 2). The model ships an expert-parallel plan
+    for them, so --suggest proposes ep 4 with the plan minus its dead MLP rules, not expert TP rules voted from
+    another architecture; its re-check has no error, fixes both TPA001, and its worst rank holds a quarter of the
+    experts: 3/4 of 57,982,058,496 B less."""
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--plan", CASE_01_PLAN, "--suggest", "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    s = json.loads(proc.stdout)["suggestion"]
+    assert (s["tp_size"], s["ep_size"]) == (4, 4) and s["clean"] is True
+    assert s["fixed"] == {"TPA001": 2} and s["after"]["errors"] == 0 and s["remaining_errors"] == []
+    assert not any("experts" in k for k in s["rules"]) and s["snippet"]
+    assert {"layers.*.mlp.experts.gate_up_proj", "layers.*.mlp.experts.down_proj"} <= set(
+        s["expert_parallel"]["families"])
+    assert s["before"]["worst_rank_param_bytes"] - s["after"]["worst_rank_param_bytes"] == \
+        qwen3_vl_expert_bytes() * 3 // 4
+    text = " ".join(run_main("check", QWEN3_VL, "--tp", "4", "--plan", CASE_01_PLAN, "--suggest").stdout.split())
+    assert "Suggested configuration (re-checked, load stage included: 2 TPA001 fixed; 0 error(s);" in text
+    assert "run with --tp 4 --ep 4:" in text and "DistributedConfig(tp_size=4, ep_size=4)" in text
+    assert "moe_tp_experts" not in text and "packed_rowwise" not in text
+
+
+def test_a_suggestion_that_leaves_errors_is_not_printed_and_says_why():
+    """Qwen3-VL at tp 8: 4 KV heads cannot be split 8 ways (TPA102), which no plan rule or ep size fixes: the best
+    candidate still has that error, so no plan is printed and the finding is named with its message."""
+    text = read_json_any(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")["config"]["text_config"]
+    assert text["num_key_value_heads"] % 8
+    proc = run_main("check", QWEN3_VL, "--tp", "8", "--suggest", "--format", "json")
+    s = json.loads(proc.stdout)["suggestion"]
+    if s.get("after") is None:
+        pytest.skip("nothing to propose at tp 8 with this release's plan")
+    assert s["clean"] is False and s["snippet"] is None
+    assert s["remaining_why"] and all(w.split(":")[0] in " ".join(s["remaining_why"]) for w in s["remaining_errors"])
+    terminal = " ".join(run_main("check", QWEN3_VL, "--tp", "8", "--suggest").stdout.split())
+    assert "No clean configuration" in terminal and "so no plan is printed" in terminal
+    assert "base_model_tp_plan = {" not in terminal

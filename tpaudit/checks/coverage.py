@@ -8,7 +8,7 @@ from typing import Iterable
 
 from ..metamodel import vocabulary as V
 from ..metamodel.mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
-from ..model import Finding, FindingSubject, ParamGroup, why_unsharded
+from ..model import Finding, FindingSubject, FixOption, ParamGroup, why_unsharded
 from .registry import CheckContext, rule
 
 HINTS = 50
@@ -135,12 +135,15 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
         shape = "[" + ", ".join(str(d) for d in lead.global_shape) + "]"
         extra = f" (+ {len(members) - 1} quantization tensor(s))" if len(members) > 1 else ""
         if design is None:
+            fix = (f"Add a rule for `{relative}` to {ctx.owner_class} base_model_tp_plan (tpaudit check --suggest "
+                   "proposes one)")
+            by_expert, options = _expert_parallel_fix(ctx, lead.first.name, relative)
             yield Finding(
                 code="TPA001", kind="replicated_weight", severity="error", target=lead.generic_name,
                 message=(f"`{lead.generic_name}`{extra} replicated on {world} ranks: {lead.count} x {shape} "
-                         f"{lead.dtype} = {ctx.size(total)} on every rank ({why_unsharded(lead.first)})"),
-                fix=f"Add a rule for `{relative}` to {ctx.owner_class} base_model_tp_plan (tpaudit check --suggest "
-                    "proposes one)",
+                         f"{lead.dtype} = {ctx.size(total)} on every rank ({why_unsharded(lead.first)})"
+                         + by_expert),
+                fix=fix, fix_options=options, fix_fallback=fix,
                 facts={"count": lead.count, "bytes": total, "bytes_per_rank": total, "shape": list(lead.global_shape),
                        "dtype": lead.dtype, "rule": lead.rule, "style": lead.style, "relative_key": relative,
                        "key_kind": key_kind, "families": names},
@@ -167,6 +170,34 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
             facts={"count": count, "bytes": total, "bytes_per_rank": total, "why": "tower",
                    "families": [g.generic_name for g in members]},
             subject=FindingSubject(families=tuple(g.generic_name for g in members)))
+
+
+def _expert_parallel_fix(ctx: CheckContext, name: str, relative: str) -> tuple[str, tuple[FixOption, ...]]:
+    """For a replicated parameter that the model's expert-parallel plan covers, at tp > 1 without EP: the message's
+    plain statement when the release's shipped plan leaves it to expert parallelism alone (transformers 5.25
+    dropped the routed experts' TP rules), and the `--ep` alternatives transformers accepts on the same ranks, for
+    the run stage to re-check. `("", ())` otherwise."""
+    from ..compat import backend, installed_version
+    from ..compat.logic import parameter_rule
+
+    sizes = ctx.shard_map
+    if sizes.ep_size != 1 or sizes.tp_size < 2 or not ctx.plan.ep_rules:
+        return "", ()
+    ep_key = parameter_rule(name, ctx.plan.ep_rules)
+    if ep_key is None:
+        return "", ()
+    tf = backend()
+    tp = sizes.tp_size
+    options = tuple(FixOption(f"Use expert parallelism, --tp {tp} --ep {ep}: the model's expert-parallel plan "
+                              f"(`{ctx.relative_key(ep_key)}: {ctx.plan.ep_rules[ep_key]}`) splits these experts by "
+                              "expert", tp, ep)
+                    for ep in tf.accepted_ep_sizes(tp, range(2, tp + 1)))
+    shipped = tf.base_plan(type(ctx.built.owner_config))
+    if shipped and parameter_rule(relative, shipped) is None:
+        return (f"; transformers {installed_version('transformers')} splits these experts by expert parallelism "
+                f"only: {ctx.owner_class}'s shipped base_model_tp_plan has no rule for them, its expert-parallel "
+                f"plan does, so a load with tp_size alone holds them whole"), options
+    return "", options
 
 
 @rule("TPA002", "unused_rule", severity="warning")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..model import Finding, LoadIssue
+from ..model import Finding, FixOption, LoadIssue
 from ..units import ranks_text
 from .registry import CheckContext, rule
 
@@ -64,14 +64,25 @@ def check_load_failure(ctx: CheckContext) -> Iterable[Finding]:
         fix = (f"Keep `{key}` whole (drop its rule) or split it as the stored layout allows, or store the checkpoint "
                "in the runtime layout; confirm with tpaudit verify")
         sizes = ctx.shard_map
+        options = []
         if member is not None and member.plan == "tp" and sizes.ep_size == 1 and ctx.plan.ep_rules:
             # the model has an expert-parallel plan: splitting the experts by expert reads each stored tensor whole
             fix = (f"Try expert parallelism, which splits the experts by expert and reads each stored tensor whole "
                    f"(tpaudit check --tp {sizes.tp_size} --ep {sizes.tp_size} says whether that load works); else "
                    + fix[0].lower() + fix[1:])
+            from ..compat import backend
+
+            tp = sizes.tp_size
+            options += [FixOption(f"Use expert parallelism, --tp {tp} --ep {ep}: it splits the experts by expert and "
+                                  "reads each stored tensor whole", tp, ep)
+                        for ep in backend().accepted_ep_sizes(tp, range(2, tp + 1))]
+        # keeping the parameter whole is no clean alternative (it is then replicated: TPA001), so only the EP
+        # layouts are re-checked; the rest of the advice is what is shown when none of them is clean
         yield Finding(
             code="TPA304", kind="load_failure", severity="error", target=issue.name, message=message, fix=fix,
-            facts=_facts(issue))
+            facts=_facts(issue), fix_options=tuple(options),
+            fix_fallback=(f"Keep `{key}` whole (drop its rule) or split it as the stored layout allows, or store the "
+                          "checkpoint in the runtime layout; confirm with tpaudit verify"))
 
 
 def _facts(issue: LoadIssue) -> dict:

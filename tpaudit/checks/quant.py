@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..model import Finding, FindingSubject
+from ..model import Finding, FindingSubject, FixOption
 from ._shapes import OUT_STYLES, chunk, local_logical, quant_units
 from .registry import CheckContext, rule
 
@@ -349,5 +349,25 @@ def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
             fix=(f"Use a tp_size that keeps its {unit_name}s whole ({', '.join(map(str, aligned))}; a smaller size "
                  f"that is not listed cuts one too), or keep `{ctx.relative_key(unit.key)}` whole"),
             facts={"axis": axis, "size": whole, "block": block, "per_rank": sizes, "style": unit.style,
-                   "largest_aligned_tp_size": max(aligned), "aligned_tp_sizes": aligned})
+                   "largest_aligned_tp_size": max(aligned), "aligned_tp_sizes": aligned},
+            fix_options=_block_fix_options(ctx, unit, unit_name, [t for t in aligned if t > 1]),
+            fix_fallback=(f"Keep `{ctx.relative_key(unit.key)}` whole, or re-quantize with a {unit_name} size that "
+                          "divides the shard"))
     del world
+
+
+def _block_fix_options(ctx: CheckContext, unit, unit_name: str, aligned: list[int]) -> tuple[FixOption, ...]:
+    """TPA202's concrete alternatives for the run stage to re-check: each tp size (> 1) that keeps the unit's
+    blocks or groups whole, and, for experts the model's expert-parallel plan covers, the ep sizes transformers accepts
+    on the same ranks (EP keeps every expert's blocks whole)."""
+    from ..compat.logic import parameter_rule
+
+    tp = ctx.shard_map.tp_size
+    options = [FixOption(f"Use --tp {t}, which keeps its {unit_name}s whole", t, 1) for t in aligned]
+    if ctx.shard_map.ep_size == 1 and ctx.plan.ep_rules and parameter_rule(unit.weight.name, ctx.plan.ep_rules):
+        from ..compat import backend
+
+        options += [FixOption(f"Use expert parallelism, --tp {tp} --ep {ep}, which splits the experts by expert and "
+                              f"keeps every expert's {unit_name}s whole", tp, ep)
+                    for ep in backend().accepted_ep_sizes(tp, range(2, tp + 1))]
+    return tuple(options)

@@ -29,6 +29,7 @@ from .findings import (  # noqa: F401
     SEVERITY_ORDER,
     Finding,
     FindingSubject,
+    FixOption,
     Location,
     ReplicatedFamily,
     Severity,

@@ -52,6 +52,24 @@ class FindingSubject:
 
 
 @dataclass(frozen=True)
+class FixOption:
+    """One concrete alternative a finding's fix names, re-checked by the run stage (`run.fixes.verify_fixes`) with
+    the whole check before the fix is shown.
+
+    Attributes:
+        label (`str`): the alternative in words, imperative ("Use expert parallelism: --tp 4 --ep 4").
+        tp_size (`int`), ep_size (`int`): the sizes to re-check.
+        plan_edits (`tuple[tuple[str, str | None], ...]`): edits of the `base_model_tp_plan` in force (relative keys;
+            a `None` style drops the rule); empty for a sizes-only alternative.
+    """
+
+    label: str
+    tp_size: int
+    ep_size: int = 1
+    plan_edits: tuple[tuple[str, str | None], ...] = ()
+
+
+@dataclass(frozen=True)
 class Finding:
     """One problem a check found.
 
@@ -67,6 +85,11 @@ class Finding:
         location (`Location`, *optional*): set by the report stage from the rule's declaration.
         subject (`FindingSubject`, *optional*): what the finding is about, typed, for the stages after the checks
             (not part of the JSON: `facts` says the same to JSON readers).
+        fix_options (`tuple[FixOption, ...]`): the concrete alternatives `fix` names, for the run stage to re-check
+            (not part of the JSON; `verified` reports them).
+        fix_fallback (`str`): the advice shown when no alternative re-checks clean (names no size and no rule).
+        verified (`dict`, *optional*): set by the run stage: `exit_code` and `errors` of the alternative the fix
+            offers, and `alternatives` (each re-check).
     """
 
     code: str
@@ -78,6 +101,9 @@ class Finding:
     facts: dict[str, Any] = field(default_factory=dict)
     location: Location | None = None
     subject: FindingSubject | None = None
+    fix_options: tuple[FixOption, ...] = ()
+    fix_fallback: str = ""
+    verified: dict[str, Any] | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -89,6 +115,8 @@ class Finding:
                "message": self.message}
         if self.fix:
             out["fix"] = self.fix
+        if self.verified is not None:
+            out["verified"] = self.verified
         if self.facts:
             out["facts"] = self.facts
         return out
@@ -105,10 +133,10 @@ class Finding:
         fields = {k: data.get(k) for k in ("code", "kind", "severity", "target", "message")}
         if not all(isinstance(v, str) for v in fields.values()) or fields["severity"] not in SEVERITY_ORDER:
             raise ValueError(f"not a finding: {str(data)[:120]}")
-        fix, facts = data.get("fix", ""), data.get("facts", {})
-        if not isinstance(fix, str) or not isinstance(facts, dict):
+        fix, facts, verified = data.get("fix", ""), data.get("facts", {}), data.get("verified")
+        if not isinstance(fix, str) or not isinstance(facts, dict) or not isinstance(verified, (dict, type(None))):
             raise ValueError(f"not a finding: {str(data)[:120]}")
-        return cls(fix=fix, facts=facts, **fields)
+        return cls(fix=fix, facts=facts, verified=verified, **fields)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,13 @@ class SuggestionSection:
         tp_plan_override (`dict[str, str]`): the proposed rules with full keys, as
             `DistributedConfig(tp_plan=...)` takes them at load time (transformers merges them into the model's plan),
             for a user who cannot edit the config class.
+        tp_size (`int`, *optional*), ep_size (`int`, *optional*): the sizes of the proposed configuration.
+        expert_parallel (`dict`, *optional*): when the proposal changes the ep size: `ep_size`, the rule keys of the
+            routed experts it splits by expert (`families`) and `why`.
+        clean (`bool`, *optional*): the proposal's re-check (load stage and parity included) has no error; only
+            then is `snippet` set (and printed).
+        fixed (`dict[str, int]`): error findings of the checked option the proposal no longer has, by code.
+        remaining_why (`list[str]`): each remaining error finding with its message (`CODE target: message`).
     """
 
     rules: dict[str, str]
@@ -74,6 +81,12 @@ class SuggestionSection:
     new_errors: list[dict] = field(default_factory=list)
     remaining_errors: list[str] = field(default_factory=list)
     tp_plan_override: dict[str, str] = field(default_factory=dict)
+    tp_size: int | None = None
+    ep_size: int | None = None
+    expert_parallel: dict[str, Any] | None = None
+    clean: bool | None = None
+    fixed: dict[str, int] = field(default_factory=dict)
+    remaining_why: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

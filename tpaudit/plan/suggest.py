@@ -212,12 +212,49 @@ def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Sugge
     return "\n".join(lines) + "\n"
 
 
+def _expert_parallel(report, sizes, relative) -> tuple[set[str], list[int]]:
+    """Rule keys of the error findings whose fix is expert parallelism (their concrete alternatives, proposed by the
+    checks, name an ep size > 1 on the same tp size: routed experts the model's EP plan covers), and those ep sizes
+    (transformers accepts them on the same ranks)."""
+    keys: set[str] = set()
+    eps: set[int] = set()
+    for f in report.findings:
+        ep = [o.ep_size for o in f.fix_options if o.ep_size > 1 and o.tp_size == sizes.tp_size and not o.plan_edits]
+        if f.severity == "error" and ep:
+            eps.update(ep)
+            key = f.subject.rule_key if f.subject and f.subject.rule_key else relative(f.target)
+            keys.add(key)
+            if f.subject is None or f.subject.key_kind == "parameter":
+                keys.add(key.rpartition(".")[0])
+    return keys, sorted(eps)
+
+
+def _fixed_counts(before, after) -> dict[str, int]:
+    """Error findings of `before` that `after` no longer has, counted by code."""
+    left = {f.fingerprint for f in after.findings if f.severity == "error"}
+    counts: dict[str, int] = {}
+    for f in before.findings:
+        if f.severity == "error" and f.fingerprint not in left:
+            counts[f.code] = counts.get(f.code, 0) + 1
+    return counts
+
+
 def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
-    """`report` with a `suggestion` section: rules proposed for its error-severity replicated families
-    (`suggest_rules`), applied to the same built model and re-simulated (`Audit.report` with the candidate plan), the
-    before/after compared. A second round proposes rules for what the first left replicated (transformers adds
-    `embed_tokens: embedding_rowwise` by itself once a plan exists, so the input embedding is only proposed when that
-    did not happen). Each candidate is a value handed to the resolution: the built model never changes.
+    """`report` with a `suggestion` section: the configuration that works, searched as plan rules and an ep size
+    together, each candidate re-checked with the whole check (`Audit.report`: the load stage, and the parity check
+    where the candidate's layouts need evidence).
+
+    - Routed experts whose fix is expert parallelism (the checks propose `--ep N` for experts the model's EP plan
+      covers, e.g. every MoE of transformers 5.25, whose TP plans no longer name the experts) get an ep size, not
+      expert TP rules voted from another architecture's plan (Llama4 stores its experts transposed).
+    - The other error-severity replicated families get rules voted by sibling plans (`suggest_rules`); a second
+      round proposes rules for what the first left replicated (transformers adds `embed_tokens: embedding_rowwise`
+      by itself once a plan exists, so the input embedding is only proposed when that did not happen).
+    - Among the ep sizes transformers accepts on the same ranks, the candidate with the fewest errors wins (then
+      the smaller worst rank). The section says what it fixed (`fixed`, by code), what remains and why, and
+      `snippet` (what is printed) is set only when the re-check has no error.
+
+    Each candidate is a value handed to the resolution: the built model never changes.
 
     Args:
         audit (`Audit`): the pipeline that produced `report` (its built model is reused, not rebuilt).
@@ -229,7 +266,7 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
     """
     import dataclasses
 
-    from ..model import SuggestionSection
+    from ..model import ParallelSizes, SuggestionSection
 
     built = audit.built
     prefix = built.text_prefix + "." if built.text_prefix else ""
@@ -242,16 +279,18 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
     layouts = {built.relative_key(_generic(name)): f for name, f in built.modules.items()
                if f.is_transposed or f.is_concatenated is False}
 
-    def rerun(plan):
-        # A candidate is re-simulated; the parity check runs only where its layouts need evidence (the candidate's
+    def rerun(plan, at):
+        # A candidate is re-simulated; the parity check runs where its layouts need evidence (the candidate's
         # rules are transformers' own styles for the same kind of module in sibling architectures).
-        return audit.report(sizes, plan=plan, options=options, dist_overrides=dist_overrides, proposed=False)
+        return audit.report(at, plan=plan, options=options, dist_overrides=dist_overrides, proposed=False)
 
     def summary(r) -> dict:
         return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,
                 "errors": r.count("error"), "warnings": r.count("warning")}
 
-    suggestions, unresolved = suggest_rules(report, base_plan, built.text_prefix, layouts, defer={"embed_tokens"})
+    ep_keys, ep_sizes = _expert_parallel(report, sizes, built.relative_key)
+    suggestions, unresolved = suggest_rules(report, base_plan, built.text_prefix, layouts,
+                                            defer={"embed_tokens"} | ep_keys)
     dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
     dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
     base_plan = {k: v for k, v in base_plan.items() if k not in dead}
@@ -259,24 +298,48 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
                   unresolved=[str(u) for u in unresolved],
                   voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
                   before=summary(report))
-    if suggestions:
-        plan = {**base_plan, **{s.key: s.style for s in suggestions}}
-        after = rerun(plan)
-        more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts)
-        if more:
-            suggestions += more
-            plan.update({s.key: s.style for s in more})
-            after = rerun(plan)
+    if suggestions or ep_sizes:
+        best = None
+        for ep in ep_sizes or [sizes.ep_size]:
+            at = ParallelSizes.of(sizes.tp_size, ep)
+            chosen = list(suggestions)
+            plan = {**base_plan, **{s.key: s.style for s in chosen}}
+            after = rerun(plan, at)
+            more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts, defer=ep_keys)
+            if more:
+                chosen += more
+                plan.update({s.key: s.style for s in more})
+                after = rerun(plan, at)
+            rank = (after.count("error"), after.worst_rank_param_bytes, ep)
+            if best is None or rank < best[0]:
+                best = (rank, at, chosen, plan, after, unresolved_more)
+        _, at, chosen, plan, after, unresolved_more = best
+        if any(not all(v.startswith("TPA") for v in s.voters) for s in chosen) and not after.count("error"):
+            # voted rules split parameters the way another architecture does: the proposal is printed only if the
+            # sharded forward agrees (the parity check, as for any plan under review)
+            after = audit.report(at, plan=plan, options=options, dist_overrides=dist_overrides, proposed=True)
         before_errors = {f.fingerprint for f in report.findings if f.severity == "error"}
+        remaining = [f for f in after.findings if f.severity == "error"]
+        clean = not remaining
+        expert = None
+        if at.ep_size != sizes.ep_size:
+            expert = {"ep_size": at.ep_size, "families": sorted(ep_keys),
+                      "why": ("the model's own expert-parallel plan splits these routed experts by expert (the fix "
+                              "their findings name, re-checked); expert rules voted from another architecture's "
+                              "tensor-parallel plan need not fit their layout")}
         fields.update(
             unresolved=sorted({str(u) for u in unresolved} | {str(u) for u in unresolved_more}),
-            rules={s.key: s.style for s in suggestions},
-            voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
-            after=summary(after), plan=plan, snippet=snippet(built.owner_class, base_plan, suggestions, sorted(dead)),
+            rules={s.key: s.style for s in chosen},
+            voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in chosen},
+            after=summary(after), plan=plan,
+            snippet=snippet(built.owner_class, base_plan, chosen, sorted(dead)) if clean else None,
             new_errors=[f.to_json() for f in after.findings
                         if f.severity == "error" and f.fingerprint not in before_errors],
-            remaining_errors=[f"{f.code} {f.target}" for f in after.findings if f.severity == "error"],
-            tp_plan_override={prefix + s.key: s.style for s in suggestions})
+            remaining_errors=[f"{f.code} {f.target}" for f in remaining],
+            remaining_why=[f"{f.code} {f.target}: {f.message}" for f in remaining],
+            tp_plan_override={prefix + s.key: s.style for s in chosen},
+            tp_size=at.tp_size, ep_size=at.ep_size, expert_parallel=expert, clean=clean,
+            fixed=_fixed_counts(report, after))
     return dataclasses.replace(report, suggestion=SuggestionSection(**fields))
 
 

@@ -235,25 +235,38 @@ def _heads(value) -> str:
 
 
 def _suggestion(section, unit: str, console: Console) -> None:
-    if section.snippet:
+    if section.after is not None:
         before, after = section.before, section.after
-        console.print(Text("Suggested plan ", style="bold") + Text(
-            f"(re-simulated: worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
-            f"{format_bytes(after['worst_rank_param_bytes'], unit)}, errors {before['errors']} -> {after['errors']})"))
+        fixed = ", ".join(f"{n} {code}" for code, n in sorted(section.fixed.items()))
+        console.print(Text("Suggested configuration " if section.clean is not False else "No clean configuration ",
+                           style="bold" if section.clean is not False else "bold yellow") + Text(
+            f"(re-checked, load stage included: {fixed + ' fixed; ' if fixed else 'nothing fixed; '}"
+            f"{after['errors']} error(s); worst rank {format_bytes(before['worst_rank_param_bytes'], unit)} -> "
+            f"{format_bytes(after['worst_rank_param_bytes'], unit)})"))
+        if section.expert_parallel:
+            ep = section.expert_parallel
+            console.print(Text(f"run with --tp {section.tp_size} --ep {ep['ep_size']}: ", style="bold") +
+                          Text(inert(f"{ep['why']} ({', '.join(ep['families'][:4])})")))
+    if section.snippet:
         # Meant to be copied: never wrapped or cropped at the terminal's width.
         console.print(Text(inert(section.snippet.rstrip(), keep_newlines=True)), soft_wrap=True, highlight=False)
-        if section.tp_plan_override:
+        if section.tp_plan_override or section.expert_parallel:
             import json
 
+            ep = f", ep_size={section.ep_size}" if section.expert_parallel else ""
+            plan = (", tp_plan=" + json.dumps(section.tp_plan_override, indent=4)) if section.tp_plan_override else ""
             console.print(Text("or, leaving the config as it is, at load time:", style="dim"))
-            console.print(Text(inert("DistributedConfig(tp_size=N, tp_plan=" + json.dumps(
-                section.tp_plan_override, indent=4) + ")", keep_newlines=True)), soft_wrap=True, highlight=False)
-        if section.remaining_errors:
-            console.print(Text(f"still {len(section.remaining_errors)} error finding(s) with this plan: ",
-                               style="bold yellow") + Text(inert(", ".join(section.remaining_errors[:6]))
-                                                           + (" ..." if len(section.remaining_errors) > 6 else "")))
-    else:
+            console.print(Text(inert(f"DistributedConfig(tp_size={section.tp_size or 'N'}{ep}{plan})",
+                                     keep_newlines=True)), soft_wrap=True, highlight=False)
+    elif section.after is None:
         console.print(Text("No rule to suggest: no sibling architecture shards the replicated families.",
                            style="bold"))
+    if section.remaining_why:
+        console.print(Text(f"the best candidate still has {len(section.remaining_why)} error finding(s), so no plan is "
+                           "printed: ", style="bold yellow"))
+        for why in section.remaining_why[:6]:
+            console.print(Text("  " + inert(why)))
+        if len(section.remaining_why) > 6:
+            console.print(Text(f"  ... and {len(section.remaining_why) - 6} more"))
     for item in section.unresolved:
         console.print(Text("not proposed: ", style="dim bold") + Text(inert(item), style="dim"))

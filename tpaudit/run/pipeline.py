@@ -89,14 +89,19 @@ class Audit:
         return cls(source, options)
 
     def check(self, request: CheckRequest) -> Report:
-        """One `check`: the report for `request.sizes`, with the `--suggest` section and the baseline applied as
-        asked.
+        """One `check`: the report for `request.sizes`, its fixes re-checked (`run.fixes.verify_fixes`: every
+        concrete alternative a fix names is re-simulated and only the clean ones are offered), with the `--suggest`
+        section and the baseline applied as asked.
 
         Raises:
             UsageError, PlanError: as `report`.
         """
         report = self.report(request.sizes, options=request.options, dist_overrides=request.dist_overrides,
                              parity=request.parity, plan_path=request.plan_path)
+        from .fixes import verify_fixes
+
+        report = verify_fixes(self, report, request.sizes, options=request.options,
+                              dist_overrides=request.dist_overrides, parity=request.parity)
         if request.suggest == "always" or (request.suggest == "on_errors" and report.has_errors):
             from ..plan.suggest import with_suggestion
 
