@@ -39,9 +39,10 @@ def _merge(base: dict, patch: dict) -> dict:
 def _edited_snapshot(name: str, case: dict, tmp: Path) -> str:
     doc = read_json_any(FIXTURES / f"{name}.snapshot.json.gz")
     doc["config"] = _merge(doc["config"], case.get("config_patch", {}))
-    rows = [r for r in doc["tensors"] if r[0] not in set(case.get("drop_tensors", []))]
-    rows += [[n, d, s, None] for n, d, s in case.get("add_tensors", [])]
-    doc["tensors"] = rows
+    if doc["tensors"] is not None or case.get("add_tensors"):  # a config-only snapshot stays one
+        rows = [r for r in doc["tensors"] or [] if r[0] not in set(case.get("drop_tensors", []))]
+        rows += [[n, d, s, None] for n, d, s in case.get("add_tensors", [])]
+        doc["tensors"] = rows
     path = tmp / f"{name}.edited.snapshot.json.gz"
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
     return str(path)

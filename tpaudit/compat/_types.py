@@ -62,6 +62,10 @@ class QuantizationInfo:
             dequantize (see `BuildOptions`).
         known (`bool`): transformers registers `method` (`False`: `from_pretrained` skips quantization altogether;
             TPA205 says so).
+        refused (`bool`): `from_pretrained` raises on this config on every host with the installed releases
+            (`reason` is the library's message, whole; TPA206 says so).
+        refused_by (`str`, *optional*): those releases (`"transformers 5.25.0 with compressed-tensors 0.20.1"`).
+        accepted_by (`str`, *optional*): the releases that accept it, where a release removed what it uses.
     """
 
     method: str
@@ -71,10 +75,16 @@ class QuantizationInfo:
     reason: str | None = None
     gpu_view: bool = False
     known: bool = True
+    refused: bool = False
+    refused_by: str | None = None
+    accepted_by: str | None = None
 
     def to_json(self) -> dict:
-        return {"method": self.method, "quantizer": self.quantizer, "ran": self.ran, "dequantize": self.dequantize,
-                "reason": self.reason, "gpu_view": self.gpu_view}
+        out = {"method": self.method, "quantizer": self.quantizer, "ran": self.ran, "dequantize": self.dequantize,
+               "reason": self.reason, "gpu_view": self.gpu_view}
+        if self.refused:  # only then: reports of configs that load keep their shape
+            out.update(refused=True, refused_by=self.refused_by, accepted_by=self.accepted_by)
+        return out
 
 
 @dataclass(frozen=True)

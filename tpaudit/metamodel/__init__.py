@@ -420,6 +420,9 @@ def _quantization_note(qinfo: QuantizationInfo, source: ModelSource) -> str:
                 "plan extensions included)")
     where = ("taken from the checkpoint header: each follows its module's rule"
              if not source.config_only else "NOT modelled: weights count unquantized, so bytes are overstated")
+    if qinfo.refused:
+        return (f"quantization: from_pretrained refuses this {method} quantization_config (TPA206 gives the "
+                f"reason); quantized tensors {where} (tpaudit's fallback, not the loader's code)")
     return (f"quantization: {method} quantizer could not run here ({qinfo.reason}); quantized tensors {where} "
             "(tpaudit's fallback, not the loader's code)")
 

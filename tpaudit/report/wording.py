@@ -88,4 +88,6 @@ def quantization_line(quant: dict | None) -> str | None:
     if quant.get("ran"):
         kept = "dequantized at load" if quant.get("dequantize") else "weights kept quantized"
         return f"{method}: laid out by transformers' {quant.get('quantizer')} ({kept})"
+    if quant.get("refused"):
+        return f"{method}: refused by from_pretrained (TPA206), not laid out by a quantizer"
     return f"{method}: not laid out by a quantizer" + (f" ({quant['reason']})" if quant.get("reason") else "")

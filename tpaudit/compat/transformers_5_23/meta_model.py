@@ -8,6 +8,7 @@ from typing import Any
 
 from .._types import ConfigReadError, ModuleFacts, QuantizationInfo
 from ..quant_patterns import check_patterns, probe_matching
+from ..quant_refusals import format_refusal, full_reason, refusal
 from ._common import _first_line, _quiet_quantizer_packages
 
 
@@ -222,8 +223,8 @@ class MetaModelSeam:
         try:
             with self.quiet():  # its warning ("Unknown quantization type") is TPA205's to say, once
                 known = AutoHfQuantizer.supports_quant_method(qc_dict)
-        except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header
-            return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
+        except Exception as e:  # noqa: BLE001 - from_pretrained raises the same: the loader refuses the config
+            return None, refusal(method, full_reason(e))
         if not known:
             return None, QuantizationInfo(method, reason=f"transformers does not know quant_method {method!r}",
                                           known=False)
@@ -231,8 +232,10 @@ class MetaModelSeam:
         try:
             with self.quiet():
                 quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=True)
-        except Exception as e:  # noqa: BLE001 - any failure means: fall back to the checkpoint header
-            return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
+        except Exception as e:  # noqa: BLE001 - from_pretrained raises the same: the loader refuses the config
+            return None, refusal(method, full_reason(e))
+        if (why := format_refusal(qc_dict)) is not None:  # parsed, but the format's code cannot load it
+            return None, refusal(method, why)
         quantizer._tpaudit_config = qc_dict
         if gpu_view:
             quantizer._tpaudit_gpu_view = True
@@ -241,7 +244,8 @@ class MetaModelSeam:
                 with self.quiet():
                     quantizer.validate_environment(device_map=None, weights_only=True)
             except Exception as e:  # noqa: BLE001 - a quantizer that refuses this host cannot run here
-                return None, QuantizationInfo(method, reason=f"{type(e).__name__}: {_first_line(str(e), 160)}")
+                return None, QuantizationInfo(method, reason=f"on this host: {type(e).__name__}: "
+                                                             f"{_first_line(str(e), 160)}")
         if type(quantizer).__name__ == "CompressedTensorsHfQuantizer" and not hasattr(quantizer, "use_fp8_kernel"):
             # Set by `validate_environment` (not called: it answers for this host); without an FP8 kernel the
             # compressed modules keep the checkpoint's own layout, which is what the checkpoint's tensors load into.
