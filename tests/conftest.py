@@ -171,9 +171,10 @@ def audit(ref: str, tp: int, ep: int = 1, plan: dict | None = None, *, suggest: 
     pipeline = Audit(open_source(ref), BuildOptions(plan_override=plan, **build_options))
     report = pipeline.report(sizes, parity=parity)
     if suggest:
+        from tpaudit.checks.registry import suggest_actions
         from tpaudit.plan.suggest import with_suggestion
 
-        report = with_suggestion(pipeline, report, sizes)
+        report = with_suggestion(pipeline, report, sizes, actions=suggest_actions())
     return report
 
 

@@ -9,7 +9,8 @@ from ..model import Finding, generic_name, total_bytes
 from .registry import CheckContext, rule
 
 
-@rule("TPA301", "unmapped_checkpoint_tensor", severity="warning", points_at="checkpoint")
+@rule("TPA301", "unmapped_checkpoint_tensor", severity="warning", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="checkpoint")
 def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     """A checkpoint tensor that maps to no parameter of the model.
 
@@ -73,7 +74,8 @@ def check_unmapped_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
                    "roots": len(roots), "examples": [t.name for t, _ in members[:5]]})
 
 
-@rule("TPA302", "missing_checkpoint_tensor", severity="warning", points_at="checkpoint")
+@rule("TPA302", "missing_checkpoint_tensor", severity="warning", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="checkpoint")
 def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
     """A model parameter that no checkpoint tensor loads.
 
@@ -120,7 +122,8 @@ def check_missing_checkpoint_tensor(ctx: CheckContext) -> Iterable[Finding]:
             facts={"count": len(names), "example": names[0], "unmapped_tensors_under_module": stored_elsewhere})
 
 
-@rule("TPA303", "checkpoint_shape_mismatch", points_at="checkpoint")
+@rule("TPA303", "checkpoint_shape_mismatch", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="checkpoint")
 def check_checkpoint_shape_mismatch(ctx: CheckContext) -> Iterable[Finding]:
     """A checkpoint tensor whose shape, after the loader's conversions, is not its parameter's.
 

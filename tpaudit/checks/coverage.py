@@ -87,7 +87,8 @@ def _lead(members: list[ParamGroup]) -> ParamGroup:
     return members[0]
 
 
-@rule("TPA001", "replicated_weight")
+@rule("TPA001", "replicated_weight", severity="error", breaks_forward=False, suggest="vote",
+      counts_replicated=True, fails_load=False)
 def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
     """A weight of the decoder stack that no rule shards, so every rank holds it whole.
 
@@ -200,7 +201,8 @@ def _expert_parallel_fix(ctx: CheckContext, name: str, relative: str) -> tuple[s
     return "", options
 
 
-@rule("TPA002", "unused_rule", severity="warning")
+@rule("TPA002", "unused_rule", severity="warning", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     """A plan rule that names no module and no parameter of the runtime model.
 
@@ -295,7 +297,8 @@ def _closest(key: str, style: str, candidates: dict[str, str]) -> str | None:
     return close[0] if close else None
 
 
-@rule("TPA003", "no_plan")
+@rule("TPA003", "no_plan", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
     """The TP plan shards nothing inside the decoder layers.
 
@@ -361,7 +364,8 @@ def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
                "sharded": [g.generic_name for g in sharded_elsewhere], "has_ep_plan": bool(ctx.plan.ep_rules)})
 
 
-@rule("TPA004", "replicated_budget")
+@rule("TPA004", "replicated_budget", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_replicated_budget(ctx: CheckContext) -> Iterable[Finding]:
     """More bytes replicated per rank than `--max-replicated` allows.
 

@@ -52,7 +52,16 @@ def _ranks_text(sizes: list[int]) -> str:
     return f"{max(sizes)} .. {min(sizes)}"
 
 
-@rule("TPA101", "indivisible_dim", points_at="config")
+def _splits_attention_heads(finding: Finding) -> bool:
+    """TPA101 breaks the forward only for attention heads (its target a head-count attribute): a head split across
+    ranks computes attention over fractions of a head. An uneven vocabulary or intermediate split computes correctly
+    in transformers (its `EmbeddingParallel` and row/colwise pairs take matching `torch.chunk` slices); it only loads
+    the worst rank more."""
+    return finding.target.rpartition(".")[2] in V.ATTENTION_HEADS.attrs
+
+
+@rule("TPA101", "indivisible_dim", severity="error", breaks_forward=_splits_attention_heads, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="config")
 def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
     """A dimension a rule splits that `tp_size` does not divide.
 
@@ -135,7 +144,8 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
             facts={"value": size, "tp_size": tp, "per_rank": per_rank, "params": families})
 
 
-@rule("TPA102", "kv_heads_per_rank", points_at="config")
+@rule("TPA102", "kv_heads_per_rank", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="config")
 def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
     """KV heads that `tp_size` does not divide in a layer whose key projection the plan splits.
 

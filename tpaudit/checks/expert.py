@@ -8,7 +8,8 @@ from ..model import Finding
 from .registry import CheckContext, rule
 
 
-@rule("TPA401", "ep_overrides_tp", severity="note")
+@rule("TPA401", "ep_overrides_tp", severity="note", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_ep_overrides_tp(ctx: CheckContext) -> Iterable[Finding]:
     """TP rules that expert parallelism drops because an EP rule covers their module.
 

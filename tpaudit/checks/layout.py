@@ -12,7 +12,8 @@ from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_
 from .registry import CheckContext, rule
 
 
-@rule("TPA501", "packed_layout")
+@rule("TPA501", "packed_layout", severity="error", breaks_forward=True, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     """A packed dimension that the rule splits without respecting its packing.
 
@@ -195,7 +196,8 @@ def _masked_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
                                   facts={**f.facts, "masked_by": masked_by})
 
 
-@rule("TPA502", "style_mismatch")
+@rule("TPA502", "style_mismatch", severity="error", breaks_forward=True, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_style_mismatch(ctx: CheckContext) -> Iterable[Finding]:
     """A style that does not fit how the model uses the module: the sharded forward diverges.
 

@@ -10,7 +10,8 @@ from ..units import ranks_text
 from .registry import CheckContext, rule
 
 
-@rule("TPA304", "load_failure", points_at="checkpoint")
+@rule("TPA304", "load_failure", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=True, points_at="checkpoint")
 def check_load_failure(ctx: CheckContext) -> Iterable[Finding]:
     """The TP/EP load of this checkpoint fails on some rank, or fills a parameter with a shard of the wrong shape.
 

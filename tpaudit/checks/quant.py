@@ -20,7 +20,8 @@ def _ranks(values: list[int]) -> str:
     return " / ".join(str(v) for v in values) if len(values) <= 8 else f"{values[0]} .. {values[-1]}"
 
 
-@rule("TPA201", "quant_metadata_sharded")
+@rule("TPA201", "quant_metadata_sharded", severity="error", breaks_forward=True, suggest="replicate",
+      counts_replicated=False, fails_load=False)
 def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
     """Quantization metadata that a rule shards although it carries no per-rank data.
 
@@ -154,7 +155,8 @@ def _is_scale(leaf: str) -> bool:
     return leaf in _SCALE_LEAVES or leaf.endswith(_SCALE_SUFFIXES)
 
 
-@rule("TPA203", "quant_scale_split")
+@rule("TPA203", "quant_scale_split", severity="error", breaks_forward=True, suggest="replicate",
+      counts_replicated=False, fails_load=False)
 def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
     """A quantization scale or zero point split on an axis it does not vary along: some ranks get none of it.
 
@@ -215,7 +217,8 @@ def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
                        "weight": weight.generic_name, "weight_local_shapes": [list(s) for s in weight.local_shapes]})
 
 
-@rule("TPA204", "quant_config_mismatch", points_at="config")
+@rule("TPA204", "quant_config_mismatch", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="config")
 def check_quant_config_mismatch(ctx: CheckContext) -> Iterable[Finding]:
     """The quantization config quantizes modules that the checkpoint stores unquantized.
 
@@ -285,7 +288,8 @@ def _ignore_pattern(generic: str, text_prefix: str) -> str:
     return "re:.*" + re.escape(".".join(parts)) + "$"
 
 
-@rule("TPA202", "quant_block_misaligned")
+@rule("TPA202", "quant_block_misaligned", severity="error", breaks_forward=True, suggest=None,
+      counts_replicated=False, fails_load=False)
 def check_quant_block_misaligned(ctx: CheckContext) -> Iterable[Finding]:
     """A shard width that is not a whole number of quantization groups or blocks.
 

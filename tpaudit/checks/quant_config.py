@@ -9,7 +9,8 @@ from ..model import Finding
 from .registry import CheckContext, rule
 
 
-@rule("TPA205", "unknown_quant_method", severity="warning", points_at="config")
+@rule("TPA205", "unknown_quant_method", severity="warning", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="config")
 def check_unknown_quant_method(ctx: CheckContext) -> Iterable[Finding]:
     """A `quantization_config` whose `quant_method` the installed transformers does not register.
 
@@ -51,7 +52,8 @@ def check_unknown_quant_method(ctx: CheckContext) -> Iterable[Finding]:
         facts={"quant_method": q.method})
 
 
-@rule("TPA206", "quant_config_refused", points_at="config")
+@rule("TPA206", "quant_config_refused", severity="error", breaks_forward=False, suggest=None,
+      counts_replicated=False, fails_load=False, points_at="config")
 def check_refused_quant_config(ctx: CheckContext) -> Iterable[Finding]:
     """A `quantization_config` that transformers or its format's library refuses when `from_pretrained` parses it.
 

@@ -5,11 +5,24 @@
 A check is a function `check_<kind>(ctx) -> Iterable[Finding]` registered with `@rule(code, kind, ...)` in any module
 of this package (modules are found, not listed: a new family is a new module). Its docstring is its catalogue entry
 (`tpaudit explain CODE`, Markdown, SARIF `fullDescription`), with the headings **What it detects**, **Why it
-matters**, **Example**, **Fix** and **References**. A rule declares what consumers need: where its findings point
-(`points_at`: the plan file, the config, the checkpoint) and whether its findings' bytes count toward
-`--max-replicated`. Families take codes by hundreds (TPA0xx coverage, TPA1xx divisibility, TPA2xx quantization,
-TPA3xx checkpoint, TPA4xx expert parallelism, TPA5xx layouts); a code is never reused: a retired rule stays
-registered with `status="removed"`. `tests/rules/TPAxxx.json` holds each code's passing and failing examples.
+matters**, **Example**, **Fix** and **References**. A rule declares, in its registry entry, what every consumer of its
+findings needs, so that a new rule is its check module, its data and its tests and nothing else:
+
+- `severity`: the default (highest) severity of its findings;
+- `breaks_forward`: whether its error findings mean the ranks cannot compute the model (`tpaudit size` then calls
+  the option invalid): `True`, `False`, or a predicate on the finding where only some of them do;
+- `suggest`: what `--suggest` does with its error findings: `"vote"` (propose the style sibling architectures give a
+  module of that name), `"replicate"` (keep the parameter its subject names whole on every rank), or `None`;
+- `counts_replicated`: whether its findings are replicated bytes, which `strict_tp(max_replicated_bytes=...)` accepts
+  within its budget;
+- `fails_load`: whether its findings say transformers' own sharded load fails on some rank (what `tpaudit verify`
+  compares a real load's failure with);
+- `points_at`: where its findings point (the plan file, the config, the checkpoint).
+
+`rule` refuses a registration that leaves one of the first five undeclared. Families take codes by hundreds (TPA0xx
+coverage, TPA1xx divisibility, TPA2xx quantization, TPA3xx checkpoint, TPA4xx expert parallelism, TPA5xx layouts); a
+code is never reused: a retired rule stays registered with `status="removed"`. `tests/rules/TPAxxx.json` holds each
+code's passing and failing examples.
 
 Checks never print and never exit; they read the context and return findings.
 """
@@ -29,6 +42,8 @@ from ..model import SEVERITY_ORDER, Finding, ParamShard, ShardMap
 _CODE = re.compile(r"^TPA\d{3}$")
 _SECTION = re.compile(r"^\*\*(What it detects|Why it matters|Example|Fix|References)\*\*\s*$")
 PointsAt = Literal["plan", "config", "checkpoint"]
+SuggestAction = Literal["vote", "replicate"]
+_UNDECLARED: Any = object()
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,11 @@ class Rule:
         points_at (`"plan" | "config" | "checkpoint"`): the file a user edits to fix its findings: the `--plan`
             file (when one is given, else the config that ships the plan), the config (a size attribute), or the
             checkpoint.
+        breaks_forward (`bool` or `Callable[[Finding], bool]`): whether its error findings mean the ranks cannot
+            compute the model; a predicate where only some of them do (see `breaks_the_forward`).
+        suggest (`"vote" | "replicate" | None`): what `--suggest` does with its error findings (module docstring).
+        counts_replicated (`bool`): its findings are replicated bytes (judged against a replicated-bytes budget).
+        fails_load (`bool`): its findings say transformers' sharded load fails on some rank.
     """
 
     code: str
@@ -54,6 +74,16 @@ class Rule:
     status: str = "stable"
     severity: str = "error"
     points_at: PointsAt = "plan"
+    breaks_forward: bool | Callable[[Finding], bool] = False
+    suggest: SuggestAction | None = None
+    counts_replicated: bool = False
+    fails_load: bool = False
+
+    def breaks_the_forward(self, finding: Finding) -> bool:
+        """True when `finding` (one of this rule's) is an error its declaration says the ranks cannot compute past."""
+        if finding.severity != "error":
+            return False
+        return self.breaks_forward(finding) if callable(self.breaks_forward) else bool(self.breaks_forward)
 
     @property
     def doc(self) -> str:
@@ -81,16 +111,38 @@ class Rule:
 _RULES: dict[str, Rule] = {}
 
 
-def rule(code: str, kind: str, *, severity: str = "error", status: str = "stable", points_at: PointsAt = "plan"):
-    """Register a check under `code`. Refuses malformed or duplicate codes and docstrings without the sections."""
+def rule(code: str, kind: str, *, severity: str = _UNDECLARED, breaks_forward: bool | Callable[[Finding], bool] =
+         _UNDECLARED, suggest: SuggestAction | None = _UNDECLARED, counts_replicated: bool = _UNDECLARED,
+         fails_load: bool = _UNDECLARED, status: str = "stable", points_at: PointsAt = "plan"):
+    """Register a check under `code` with its declared behaviour (module docstring; every one of `severity`,
+    `breaks_forward`, `suggest`, `counts_replicated` and `fails_load` must be given).
+
+    Raises:
+        ValueError: a malformed or duplicate code, an undeclared or ill-typed behaviour, or a docstring without the
+            sections.
+    """
+    declared = {"severity": severity, "breaks_forward": breaks_forward, "suggest": suggest,
+                "counts_replicated": counts_replicated, "fails_load": fails_load}
 
     def register(fn):
         if not _CODE.match(code):
             raise ValueError(f"malformed rule code {code!r}: expected TPA + 3 digits")
         if code in _RULES and _RULES[code].check is not fn:
             raise ValueError(f"rule code {code} registered twice ({_RULES[code].check.__name__}, {fn.__name__})")
+        undeclared = [name for name, value in declared.items() if value is _UNDECLARED]
+        if undeclared:
+            raise ValueError(f"{code} ({fn.__name__}) declares no {', '.join(undeclared)}")
+        if severity not in SEVERITY_ORDER:
+            raise ValueError(f"{code} ({fn.__name__}) severity {severity!r} is not one of {sorted(SEVERITY_ORDER)}")
+        if suggest not in (None, "vote", "replicate"):
+            raise ValueError(f"{code} ({fn.__name__}) suggest {suggest!r} is not 'vote', 'replicate' or None")
+        if not (isinstance(breaks_forward, bool) or callable(breaks_forward)):
+            raise ValueError(f"{code} ({fn.__name__}) breaks_forward must be a bool or a predicate on a finding")
+        if not isinstance(counts_replicated, bool) or not isinstance(fails_load, bool):
+            raise ValueError(f"{code} ({fn.__name__}) counts_replicated and fails_load must be bools")
         r = Rule(code=code, kind=kind, check=fn, family=fn.__module__.rsplit(".", 1)[-1], status=status,
-                 severity=severity, points_at=points_at)
+                 severity=severity, points_at=points_at, breaks_forward=breaks_forward, suggest=suggest,
+                 counts_replicated=counts_replicated, fails_load=fails_load)
         missing = {"What it detects", "Why it matters", "Example", "Fix"} - set(r.sections())
         if missing:
             raise ValueError(f"{code} ({fn.__name__}) docstring lacks {sorted(missing)}")
@@ -126,6 +178,31 @@ def get_rule(code: str) -> Rule | None:
     """The registered rule for `code` (case-insensitive, e.g. `"tpa001"`), or `None`."""
     all_rules()
     return _RULES.get(code.upper())
+
+
+# --- what consumers of findings ask a rule's declaration (a finding of no registered rule has no behaviour)
+def breaks_the_forward(finding: Finding) -> bool:
+    """True for an error finding whose rule declares that the ranks cannot compute the model with it
+    (`Rule.breaks_forward`): `tpaudit size` calls such an option invalid."""
+    r = get_rule(finding.code)
+    return r is not None and r.breaks_the_forward(finding)
+
+
+def counts_replicated(finding: Finding) -> bool:
+    """True for a finding whose rule declares it replicated bytes (`Rule.counts_replicated`)."""
+    r = get_rule(finding.code)
+    return r is not None and r.counts_replicated
+
+
+def fails_load(finding: Finding) -> bool:
+    """True for a finding whose rule declares that transformers' sharded load fails with it (`Rule.fails_load`)."""
+    r = get_rule(finding.code)
+    return r is not None and r.fails_load
+
+
+def suggest_actions() -> dict[str, SuggestAction]:
+    """Rule code -> what `--suggest` does with its error findings (`Rule.suggest`), for the rules that declare one."""
+    return {r.code: r.suggest for r in all_rules() if r.suggest is not None}
 
 
 @dataclass(frozen=True)

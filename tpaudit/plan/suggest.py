@@ -122,14 +122,12 @@ def _votes_for(key: str, plans: dict[str, dict[str, str]]) -> tuple[str, Counter
     return "", Counter(), {}
 
 
-# findings whose fix is to keep one parameter whole (`replicate`), with the key in their subject
-_REPLICATE_KINDS = ("quant_metadata_sharded", "quant_scale_split")
-
-
 def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: dict | None = None,
-                  defer: set[str] | None = None) -> tuple[list[Suggestion], list[Unresolved]]:
-    """Rules for the error-severity replicated families of `report` (voted by sibling architectures), and the
-    `replicate` rules that quantization metadata and scales split by their module's rule need (TPA201, TPA203).
+                  defer: set[str] | None = None, *,
+                  actions: dict[str, str]) -> tuple[list[Suggestion], list[Unresolved]]:
+    """Rules for the error findings of `report` whose rule declares a `--suggest` action: `"vote"` (a replicated
+    family: the style sibling architectures vote for) or `"replicate"` (quantization metadata or a scale split by its
+    module's rule: keep the key the finding's subject names whole on every rank).
 
     Args:
         report (`Report`): the first simulation.
@@ -139,6 +137,7 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
             transposed or interleaved; their parameters get no colwise/rowwise-family proposal (the siblings that
             vote for those styles store `[E, out, in]`, concatenated).
         defer (`set[str]`, *optional*): keys not to propose in this round.
+        actions (`dict[str, str]`): rule code -> its declared action (`checks.registry.suggest_actions()`).
 
     Returns:
         `(suggestions, unresolved)`: the proposed rules, and the families no sibling shards (each `Unresolved`: its
@@ -148,14 +147,15 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
     suggestions: dict[str, Suggestion] = {}
     unresolved: list[Unresolved] = []
     for f in report.findings:
-        if f.kind in _REPLICATE_KINDS and f.severity == "error" and f.subject and f.subject.rule_key:
+        action = actions.get(f.code)
+        if action == "replicate" and f.severity == "error" and f.subject and f.subject.rule_key:
             # quantization metadata or a scale the module's rule splits: its own finding names the rule that keeps
             # it whole on every rank (transformers looks a parameter's own rule up before its module's)
             key = f.subject.rule_key
             if key not in base_plan and key not in suggestions and key not in (defer or ()):
                 suggestions[key] = Suggestion(key, "replicate", [f.code], 1, 1)
             continue
-        if f.kind != "replicated_weight" or f.severity != "error":
+        if action != "vote" or f.severity != "error":
             continue
         subject = f.subject or FindingSubject()
         key = subject.rule_key or f.target
@@ -239,7 +239,7 @@ def _fixed_counts(before, after) -> dict[str, int]:
     return counts
 
 
-def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
+def with_suggestion(audit, report, sizes, *, actions: dict[str, str], options=None, dist_overrides=None):
     """`report` with a `suggestion` section: the configuration that works, searched as plan rules and an ep size
     together, each candidate re-checked with the whole check (`Audit.report`: the load stage, and the parity check
     where the candidate's layouts need evidence).
@@ -260,6 +260,8 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
         audit (`Audit`): the pipeline that produced `report` (its built model is reused, not rebuilt).
         report (`Report`): the first simulation.
         sizes (`ParallelSizes`), options (`CheckOptions`), dist_overrides (`dict`): as for `Audit.report`.
+        actions (`dict[str, str]`): rule code -> its declared `--suggest` action (`checks.registry.suggest_actions()`;
+            handed in, as the plan stage comes before the checks).
 
     Returns:
         A copy of `report` with `suggestion` set (`SuggestionSection`).
@@ -290,7 +292,7 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
 
     ep_keys, ep_sizes = _expert_parallel(report, sizes, built.relative_key)
     suggestions, unresolved = suggest_rules(report, base_plan, built.text_prefix, layouts,
-                                            defer={"embed_tokens"} | ep_keys)
+                                            defer={"embed_tokens"} | ep_keys, actions=actions)
     dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
     dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
     base_plan = {k: v for k, v in base_plan.items() if k not in dead}
@@ -305,7 +307,8 @@ def with_suggestion(audit, report, sizes, *, options=None, dist_overrides=None):
             chosen = list(suggestions)
             plan = {**base_plan, **{s.key: s.style for s in chosen}}
             after = rerun(plan, at)
-            more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts, defer=ep_keys)
+            more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts, defer=ep_keys,
+                                                  actions=actions)
             if more:
                 chosen += more
                 plan.update({s.key: s.style for s in more})

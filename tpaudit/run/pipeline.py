@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..metamodel import BuildOptions, BuiltModel, build_model
-from ..checks.registry import CheckContext, CheckOptions, get_rule, run_checks
+from ..checks.registry import CheckContext, CheckOptions, counts_replicated, get_rule, run_checks
 from ..evidence import gather as gather_evidence
 from ..shard.load import decompression_note, first_forward_note, simulate_load
 from ..model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
@@ -103,9 +103,10 @@ class Audit:
         report = verify_fixes(self, report, request.sizes, options=request.options,
                               dist_overrides=request.dist_overrides, parity=request.parity)
         if request.suggest == "always" or (request.suggest == "on_errors" and report.has_errors):
+            from ..checks.registry import suggest_actions
             from ..plan.suggest import with_suggestion
 
-            report = with_suggestion(self, report, request.sizes, options=request.options,
+            report = with_suggestion(self, report, request.sizes, actions=suggest_actions(), options=request.options,
                                      dist_overrides=request.dist_overrides)
         if request.baseline is not None:
             from .baseline import apply_baseline
@@ -211,10 +212,10 @@ def _bytes_caveat(built: BuiltModel) -> str | None:
 
 def replicated_families(shard_map, findings: list[Finding]) -> tuple[ReplicatedFamily, ...]:
     """Families that no rule shards (the shard map's grouping, the one TPA001 walks), largest first, each with the
-    severity of the TPA001 finding whose subject covers it."""
+    severity of the finding whose subject covers it (of a rule that declares `counts_replicated`: TPA001)."""
     severity: dict[str, str] = {}
     for f in findings:
-        if f.kind != "replicated_weight":
+        if not counts_replicated(f):
             continue
         for name in f.subject.families if f.subject else ():
             if name not in severity or SEVERITY_ORDER[f.severity] < SEVERITY_ORDER[severity[name]]:

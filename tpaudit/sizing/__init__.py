@@ -376,25 +376,13 @@ def _serving_weights(report) -> tuple[int, ...]:
     return tuple(max(a, b) for a, b in zip(report.rank_param_bytes, after))
 
 
-_BREAKS_THE_FORWARD = ("TPA201", "TPA202", "TPA203", "TPA501", "TPA502")
-"""Error findings whose ranks cannot compute the model: quantization metadata or scales a rank lacks, a block a rank
-boundary cuts, a fused output scrambled, a style that does not fit. TPA101 counts only for attention heads: an uneven
-vocabulary or intermediate split computes correctly in transformers (its `EmbeddingParallel` and row/colwise pairs
-take matching `torch.chunk` slices), it only loads the worst rank more."""
-
-
-def _breaks_the_forward(finding) -> bool:
-    if finding.severity != "error":
-        return False
-    if finding.code == "TPA101":
-        return finding.target.rpartition(".")[2] in V.ATTENTION_HEADS.attrs
-    return finding.code in _BREAKS_THE_FORWARD
-
-
 def _forward_breaks(report) -> str | None:
-    """Why an option is invalid because its plan loads but its ranks cannot compute the model (the findings above);
-    `None` when it has none of them."""
-    breaking = [f for f in report.findings if _breaks_the_forward(f)]
+    """Why an option is invalid because its plan loads but its ranks cannot compute the model (findings whose rule
+    declares `breaks_forward`: quantization metadata or scales a rank lacks, a block a rank boundary cuts, a fused
+    output scrambled, a style that does not fit, attention heads split); `None` when it has none of them."""
+    from ..checks.registry import breaks_the_forward
+
+    breaking = [f for f in report.findings if breaks_the_forward(f)]
     if not breaking:
         return None
     first = breaking[0]

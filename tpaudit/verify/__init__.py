@@ -189,12 +189,14 @@ def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architectu
 def predicted_failure(report) -> str:
     """What the prediction said about a load that failed: the load failures it found (TPA304), or that it found
     none."""
-    found = [f for f in report.findings if f.code == "TPA304"]
+    from ..checks.registry import fails_load
+
+    found = [f for f in report.findings if fails_load(f)]
     if not found:
         return "tpaudit check did not predict this failure (please report it)"
     first = found[0]
     more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-    return f"tpaudit check predicted it: TPA304 {first.target}{more}"
+    return f"tpaudit check predicted it: {first.code} {first.target}{more}"
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -126,6 +126,8 @@ class strict_tp(contextlib.ContextDecorator):
         """
         import fnmatch
 
+        from ..checks.registry import counts_replicated
+
         out = []
         for f in findings:
             if f.severity != "error":
@@ -134,7 +136,7 @@ class strict_tp(contextlib.ContextDecorator):
                 continue
             if any(fnmatch.fnmatchcase(f.target, pattern) for pattern in self.allow):
                 continue
-            if (f.kind == "replicated_weight" and self.max_replicated_bytes is not None
+            if (counts_replicated(f) and self.max_replicated_bytes is not None
                     and replicated_bytes <= self.max_replicated_bytes):
                 continue
             out.append(f)
