@@ -9,6 +9,7 @@ import re
 import pytest
 
 from conftest import FIXTURES, CASES, audit, chunk, nbytes, run_main, snapshot_tensors, transformers_release
+from releases import EXPERTS_IN_TP_PLANS
 
 QWEN3_VL = "qwen3-vl-30b-a3b-instruct"
 
@@ -23,6 +24,16 @@ QWEN3_VL_SPLITS_SHIPPED = [
     (r".*mlp\.experts\.down_proj", 1),                        # rowwise on I (stored in the middle)
 ]
 QWEN3_VL_SPLITS_PRE_FIX = QWEN3_VL_SPLITS_SHIPPED[:4]         # no experts rules
+# transformers 5.25 ships the pre-fix plan again (its experts are split by the EP plan alone)
+QWEN3_VL_SPLITS_RELEASE = QWEN3_VL_SPLITS_SHIPPED if EXPERTS_IN_TP_PLANS else QWEN3_VL_SPLITS_PRE_FIX
+# transformers 5.23/5.24's text plan for qwen3_vl_moe (`Qwen3VLMoeTextConfig.base_model_tp_plan`), experts included:
+# under 5.25 it is handed over as a plan override to show that its load still fails the same way
+QWEN3_VL_524_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise",
+    "layers.*.mlp.experts.gate_up_proj": "packed_colwise", "layers.*.mlp.experts.down_proj": "rowwise",
+    "layers.*.mlp.experts": "moe_tp_experts"}
 
 
 def rank_bytes_by_hand(tensors, splits, tp: int) -> list[int]:
@@ -53,17 +64,33 @@ def test_qwen3_vl_fixture_is_the_real_listing(qwen_tensors):
 def test_qwen3_vl_tp4_shipped_plan(qwen_tensors):
     report = audit(str(FIXTURES / f"{QWEN3_VL}.snapshot.json.gz"), tp=4)
     expected_total = sum(nbytes(d, s) for _, d, s in qwen_tensors)
-    expected_ranks = rank_bytes_by_hand(qwen_tensors, QWEN3_VL_SPLITS_SHIPPED, 4)
+    expected_ranks = rank_bytes_by_hand(qwen_tensors, QWEN3_VL_SPLITS_RELEASE, 4)
     assert expected_total == 62_141_508_064
-    assert expected_ranks == [16_362_514_912] * 4
+    assert expected_ranks == ([16_362_514_912] if EXPERTS_IN_TP_PLANS else [59_849_058_784]) * 4
     assert report.total_param_bytes == expected_total
     assert list(report.rank_param_bytes) == expected_ranks
     replicated = {f.name for f in report.replicated}
-    assert not any("experts" in name for name in replicated)
+    experts = {f"model.language_model.layers.*.mlp.experts.{p}" for p in ("gate_up_proj", "down_proj")}
     assert "model.visual.blocks.*.attn.qkv.weight" in replicated          # the vision tower shows ...
-    assert not [f for f in report.findings if f.severity == "error" and f.code != "TPA304"]  # ... but is no error
+    errors = [f for f in report.findings if f.severity == "error" and f.code != "TPA304"]  # ... but is no error
+    if EXPERTS_IN_TP_PLANS:
+        assert not any("experts" in name for name in replicated) and not errors
+    else:  # 5.25: the experts are whole on every rank at tp only, the failure tpaudit exists for
+        assert experts <= replicated
+        assert {(f.code, f.target) for f in errors} == {("TPA001", t) for t in experts}
     visual = sum(nbytes(d, s) for n, d, s in qwen_tensors if n.startswith("model.visual."))
     assert sum(f.bytes for f in report.replicated if f.name.startswith("model.visual.")) == visual
+
+
+def test_qwen3_vl_tp4_ep4_splits_every_expert_and_is_clean(qwen_tensors):
+    """With `--ep 4` every release splits the 128 experts by expert (32 per rank) and reads each stored expert whole:
+    the same bytes per rank as the 5.23/5.24 TP split, no error (the fix TPA001 gives under 5.25)."""
+    report = audit(str(FIXTURES / f"{QWEN3_VL}.snapshot.json.gz"), tp=4, ep=4)
+    expected = rank_bytes_by_hand(qwen_tensors, QWEN3_VL_SPLITS_SHIPPED, 4)   # experts: 128 / 4 on their first axis
+    by_expert = rank_bytes_by_hand(qwen_tensors, QWEN3_VL_SPLITS_PRE_FIX + [(r".*mlp\.experts\..*", 0)], 4)
+    assert expected == by_expert == [16_362_514_912] * 4
+    assert list(report.rank_param_bytes) == expected
+    assert not report.has_errors, [(f.code, f.target) for f in report.findings if f.severity == "error"]
 
 
 def test_qwen3_vl_tp4_load_of_the_stored_experts_fails(qwen_tensors):
@@ -78,8 +105,11 @@ def test_qwen3_vl_tp4_load_of_the_stored_experts_fails(qwen_tensors):
     - down_proj, rowwise = `Shard(2)`: the stored axis 2 is H = 2048 / 4 = 512; Transpose gives [128, 512, 768]
       where the shard is [128, 2048, 768 / 4 = 192].
     The load stops with a size mismatch on every rank (a real 2-rank load of a tiny qwen3_vl_moe does the same:
-    tests/test_verify.py). So `check` exits 1 with TPA304 on both families, and `size` marks tp 4 invalid."""
-    report = audit(str(FIXTURES / f"{QWEN3_VL}.snapshot.json.gz"), tp=4)
+    tests/test_verify.py). So `check` exits 1 with TPA304 on both families, and `size` marks tp 4 invalid.
+    transformers 5.25 ships no expert TP rules for this model but reads the same way: its 5.24 plan, handed over,
+    fails the same."""
+    report = audit(str(FIXTURES / f"{QWEN3_VL}.snapshot.json.gz"), tp=4,
+                   plan=None if EXPERTS_IN_TP_PLANS else QWEN3_VL_524_PLAN)
     stored = {n.rsplit(".", 1)[-1]: list(s) for n, _, s in qwen_tensors if ".layers.0.mlp.experts." in n}
     E, H, two_i = stored["gate_up_proj"]
     assert (E, H, two_i) == (128, 2048, 1536) and stored["down_proj"] == [128, two_i // 2, H]

@@ -113,7 +113,10 @@ def test_ep_dropped_rules_and_unused_rules_are_transformers_own():
     tf = backend()
     model = _meta_model(_tiny_moe_config())
     tp_rules, ep_rules = tf.merged_plans(model)
-    tf.set_merged_plans(model, {**tp_rules, "model.layers.*.mlp.no_such_proj": "colwise"}, ep_rules)
+    # the experts' TP rules as transformers 5.23/5.24 shipped them (5.25 dropped them from the plan): EP replaces them
+    experts = {"model.layers.*.mlp.experts.gate_up_proj": "packed_colwise", "model.layers.*.mlp.experts.down_proj":
+               "rowwise"}
+    tf.set_merged_plans(model, {**tp_rules, **experts, "model.layers.*.mlp.no_such_proj": "colwise"}, ep_rules)
     tp_rules, ep_rules = tf.merged_plans(model)
     assert ep_rules  # qwen3_moe ships an EP plan
     dc = tf.distributed_config(2, 2)
@@ -132,7 +135,7 @@ def test_ep_dropped_rules_and_unused_rules_are_transformers_own():
     tf.set_merged_plans(model, tp_rules, ep_rules)
     survivors = {generic_name(k) for k in applied_tp}
     dropped = set(ep_dropped_rules(tp_rules, ep_rules))
-    assert dropped  # the experts' TP rules
+    assert dropped == set(experts)
     kept = {k: v for k, v in tp_rules.items() if k not in dropped}
     for key in tp_rules:
         applied = any(s == key or s.startswith(key + ".") for s in survivors)
@@ -261,18 +264,19 @@ def test_a_missing_capability_is_exit_2_naming_transformers(monkeypatch):
     """A release whose probes fail: one line naming the release, what is missing, and the supported range."""
     import tpaudit.compat as compat
     from tpaudit.compat._probe import Capability
-    from tpaudit.compat.transformers_5_23 import Transformers523
     from tpaudit.errors import ExitCode, UnsupportedVersionError
 
-    monkeypatch.setattr(Transformers523, "CAPABILITIES",
-                        Transformers523.CAPABILITIES + (Capability("transformers", "PreTrainedModel._gone_in_5_99"),))
+    for line in compat._lines():  # every release line lacks it: no line can run
+        monkeypatch.setattr(line, "CAPABILITIES",
+                            line.CAPABILITIES + (Capability("transformers", "PreTrainedModel._gone_in_5_99"),))
     compat.reset_for_tests()
     try:
         with pytest.raises(UnsupportedVersionError) as e:
             compat.backend()
         text = str(e.value)
         assert f"transformers {compat.installed_version('transformers')}" in text
-        assert "PreTrainedModel._gone_in_5_99 does not exist" in text and ">=5.23,<5.25" in text
+        assert "PreTrainedModel._gone_in_5_99 does not exist" in text and ">=5.23,<5.26" in text
+        assert "5.23.x, 5.24.x and 5.25.x" in text
         assert e.value.exit_code == ExitCode.INPUT
     finally:
         monkeypatch.undo()
@@ -327,12 +331,15 @@ def test_an_untested_release_that_passes_the_probes_runs_and_says_so(monkeypatch
 
     real = compat.installed_version
     monkeypatch.setattr(compat, "installed_version",
-                        lambda d: "5.25.0.dev0" if d == "transformers" else real(d))
+                        lambda d: "5.26.0.dev0" if d == "transformers" else real(d))
     compat.reset_for_tests()
     try:
         versions = compat.versions()
-        assert versions["transformers"] == "5.25.0.dev0"
+        assert versions["transformers"] == "5.26.0.dev0"
         assert "not a release tpaudit was tested with" in versions["untested"]
+        # which releases are supported, and how to pin one
+        assert "5.23.x, 5.24.x and 5.25.x" in versions["untested"]
+        assert "pip install 'transformers==5.25.*'" in versions["untested"]
     finally:
         monkeypatch.undo()
         compat.reset_for_tests()

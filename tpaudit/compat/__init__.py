@@ -2,7 +2,8 @@
 
 tpaudit answers with transformers' own code (plan merging and resolution, TP/EP application, checkpoint renaming,
 quantizer module replacement). Several of those functions are private, so they are called from here only, through
-one object per transformers release line (`transformers_5_23.Transformers523` for 5.23.x and 5.24.x). The rest of
+one object per transformers release line (`transformers_5_23.Transformers523` for 5.23.x and 5.24.x,
+`transformers_5_25.Transformers525` for 5.25.x). The rest of
 tpaudit talks to that object's small typed interface (`backend()`): build a meta model, map checkpoint names,
 resolve plans, shard on a fake process group, read local shapes. Copies of transformers logic that must run without
 importing it live in `logic.py`, each pinned to the original by a test.
@@ -35,12 +36,13 @@ def installed_version(dist: str) -> str | None:
 
 def _lines():
     from .transformers_5_23 import Transformers523
+    from .transformers_5_25 import Transformers525
 
-    return (Transformers523,)  # newest first
+    return (Transformers525, Transformers523)  # newest first
 
 
 def supported_range() -> str:
-    """The transformers releases tpaudit supports, as a pip specifier (`">=5.23,<5.25"`): from the oldest release
+    """The transformers releases tpaudit supports, as a pip specifier (`">=5.23,<5.26"`): from the oldest release
     line's lower bound to the newest line's upper bound. The one place the range is written: each line's
     `SUPPORTED`; `pyproject.toml` and the README repeat it, and `tests/test_compat_pins.py` holds them to it."""
     lines = _lines()
@@ -102,8 +104,19 @@ def backend():
     more = f" (and {len(gaps) - 2} more)" if len(gaps) > 2 else ""
     raise UnsupportedVersionError(
         f"transformers {versions['transformers']} (torch {versions['torch']}) lacks what tpaudit calls: "
-        f"{'; '.join(gaps[:2])}{more}. tpaudit needs transformers {line.SUPPORTED} (tested with "
-        f"{', '.join(r + '.x' for r in line.TESTED_RELEASES)}): pip install 'transformers{line.SUPPORTED}'")
+        f"{'; '.join(gaps[:2])}{more}. tpaudit needs transformers {supported_range()} (tested with "
+        f"{tested_releases_text()}): pip install 'transformers{supported_range()}'")
+
+
+def tested_releases() -> tuple[str, ...]:
+    """Every `major.minor` release some line of the seam was tested with, oldest first (`("5.23", "5.24", "5.25")`)."""
+    return tuple(sorted({r for line in _lines() for r in line.TESTED_RELEASES}, key=lambda r: tuple(map(int, r.split(".")))))
+
+
+def tested_releases_text() -> str:
+    """`"5.23.x, 5.24.x and 5.25.x"`."""
+    names = [r + ".x" for r in tested_releases()]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def untested_note(tf=None) -> str | None:
@@ -111,9 +124,10 @@ def untested_note(tf=None) -> str | None:
     tf = tf or backend()
     if tf.tested:
         return None
-    return (f"transformers {tf.versions['transformers']} is not a release tpaudit was tested with "
-            f"({', '.join(r + '.x' for r in tf.TESTED_RELEASES)}); every function tpaudit calls is present with "
-            "the expected parameters, but results may differ from the loader's")
+    newest = tested_releases()[-1]
+    return (f"transformers {tf.versions['transformers']} is not a release tpaudit was tested with (it supports "
+            f"{tested_releases_text()}); every function tpaudit calls is present with the expected parameters, but "
+            f"results may differ from the loader's. Pin a tested release: pip install 'transformers=={newest}.*'")
 
 
 def versions() -> dict[str, str]:

@@ -185,7 +185,7 @@ def run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float,
                 dc = tf.distributed_config(tp_size, ep_size, overrides)
                 model = small.model_class.from_pretrained(
                     small.path, config=small.config, dtype=torch.float32, **small.kernels,
-                    distributed_config=dc).eval()
+                    use_kernels=False, distributed_config=dc).eval()
             finally:
                 lock.release()
             run.phase = "forward"

@@ -99,7 +99,9 @@ def load_and_measure(spec: dict) -> dict:
         cls, _ = model_class(config, spec.get("architecture"), spec.get("trust_remote_code", False))
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         record["device"] = device_type
-        kwargs = {"distributed_config": DistributedConfig(tp_size=spec["tp_size"], ep_size=spec["ep_size"])}
+        # use_kernels=False: transformers' own forward, nothing fetched (5.25 turns Hub kernels on by default)
+        kwargs = {"distributed_config": DistributedConfig(tp_size=spec["tp_size"], ep_size=spec["ep_size"]),
+                  "use_kernels": False}
         if spec.get("dtype"):
             kwargs["dtype"] = spec["dtype"]
         if device_type == "cuda" and max(spec["tp_size"], spec["ep_size"]) == 1:

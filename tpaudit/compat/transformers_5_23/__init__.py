@@ -144,6 +144,11 @@ class Transformers523(MetaModelSeam, PlanSeam):
             "overrides": overrides,
         }
 
+    def deprecated_styles(self) -> dict[str, str]:
+        """Styles the installed release still applies but has announced the removal of, with its advice (none in
+        5.23/5.24)."""
+        return {}
+
     def is_pretrained_model(self, obj) -> bool:
         """`isinstance(obj, transformers.PreTrainedModel)`."""
         from transformers import PreTrainedModel

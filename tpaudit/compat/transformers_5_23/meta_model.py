@@ -280,6 +280,13 @@ class MetaModelSeam:
     # ------------------------------------------------------------------------------------------------------------------
     # The meta model
     # ------------------------------------------------------------------------------------------------------------------
+    def init_contexts(self, cls, dtype, is_quantized: bool, config) -> list:
+        """The context managers `from_pretrained` builds a model under (meta device, untied weights, the dtype).
+
+        Source: transformers 5.23 `PreTrainedModel.get_init_context(dtype, is_quantized, _is_ds_init_called,
+        allow_all_kernels)`; it takes no config (5.25 adds one, for its fusion patches)."""
+        return list(cls.get_init_context(dtype, is_quantized, False, None))
+
     def instantiate(self, cls, config, dtype, quantizer):
         """`cls(config)` on the meta device under the loader's init contexts (`cls.get_init_context`: meta device,
         untied), then the quantizer's `preprocess_model` (module replacement; its plan extensions).
@@ -298,7 +305,7 @@ class MetaModelSeam:
         error = None
         # `no_init_weights`: meta tensors hold no values, so the loader's weight initialisation only costs time here
         # (shapes, dtypes, ties and plans are set in `__init__` and `post_init`, which still run).
-        contexts = cls.get_init_context(dtype, quantizer is not None, False, None) + [initialization.no_init_weights()]
+        contexts = self.init_contexts(cls, dtype, quantizer is not None, config) + [initialization.no_init_weights()]
         with self.quiet(), ContextManagers(contexts):
             model = cls(config)
             if quantizer is not None:

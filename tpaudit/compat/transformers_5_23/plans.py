@@ -392,7 +392,7 @@ class PlanSeam:
                 key = (global_shape, tuple(mesh.shape), raw)
                 if key not in cache:
                     cache[key] = (
-                        tuple(_torch.local_shape(global_shape, mesh.shape, [r % mesh.size()], raw)
+                        tuple(_torch.local_shape(global_shape, mesh.shape, _coordinate(r, tuple(mesh.shape)), raw)
                               for r in range(world)),
                         tuple(Placement(*_normalised(_torch.describe_placement(p), len(global_shape))) for p in raw))
                 shapes, placements = cache[key]
@@ -462,6 +462,22 @@ def _regexes_compiled_on_first_use():
         yield
     finally:
         core_model_loading.re = original
+
+
+def _coordinate(rank: int, mesh_shape: tuple[int, ...]) -> list[int]:
+    """Rank `rank`'s coordinate on a mesh of `mesh_shape` over ranks `0 .. size - 1` in row-major order (the 1-D TP
+    and EP meshes, and transformers 5.25's 2-D `(units, replicas)` view of the TP mesh, `get_unit_mesh`); ranks past
+    the mesh's size wrap around (a TP mesh smaller than the EP world)."""
+    index = rank
+    size = 1
+    for n in mesh_shape:
+        size *= n
+    index %= size
+    coordinate = []
+    for n in reversed(mesh_shape):
+        index, c = divmod(index, n)
+        coordinate.append(c)
+    return coordinate[::-1]
 
 
 def _normalised(described: tuple[str, int | None, int, str], ndim: int) -> tuple[str, int | None, int, str]:
