@@ -30,3 +30,13 @@ QWEN_VL_TP4_SPLIT = 16_362_514_912
 # tp 4 as the shipped plan does it: the experts split (5.23/5.24) or whole on every rank (5.25)
 QWEN_VL_TP4 = QWEN_VL_TP4_SPLIT if EXPERTS_IN_TP_PLANS else \
     QWEN_VL_TP4_SPLIT + QWEN_VL_EXPERT_BYTES - QWEN_VL_EXPERT_BYTES // 4
+
+
+def plan_524(name: str) -> dict[str, str]:
+    """The `base_model_tp_plan` transformers 5.24.0 shipped for a MoE model (`fixtures/plans/NAME.transformers-5.24
+    .json`, copied from its config class), for tests about expert TP rules that 5.25 no longer ships."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "plans" / f"{name}.transformers-5.24.json"
+    return json.loads(path.read_text())

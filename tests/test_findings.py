@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import CASES, FIXTURES, audit, chunk, nbytes, snapshot_tensors, transformers_release
+from releases import plan_524
 
 QWEN3_VL = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
 
@@ -153,7 +154,8 @@ def test_ep_overrides_tp_note(tmp_path):
     from test_cases import materialise
 
     model_dir, _ = materialise("10-fp8-qwen3-vl-moe-expert-scales-ep", tmp_path)
-    report = audit(str(model_dir), tp=4, ep=4)
+    # the experts' TP rules as transformers 5.23/5.24 shipped them (5.25 ships none for EP to replace)
+    report = audit(str(model_dir), tp=4, ep=4, plan=plan_524("qwen3-vl-moe"))
     note = by_code(report, "TPA401")
     assert note and note[0].severity == "note"
     assert "model.language_model.layers.*.mlp.experts.gate_up_proj" in note[0].facts["dropped_tp_rules"]
@@ -202,7 +204,7 @@ def test_fp8_fix_lists_the_tp_sizes_that_keep_whole_blocks():
     features = 6 blocks, whole at tp 1, 2, 3, 6 (not 4: 192 rows, not 5: uneven); k_proj has 4 KV heads x 128 = 512
     output features = 4 blocks, whole at tp 1, 2, 4."""
     path = str(FIXTURES / "qwen3-30b-a3b-fp8.snapshot.json.gz")
-    report = audit(path, tp=8)
+    report = audit(path, tp=8, plan=plan_524("qwen3-moe"))  # experts split by TP, as 5.23/5.24 shipped
     found = {f.target.rsplit(".", 2)[-2] + "." + f.target.rsplit(".", 1)[-1]: f for f in by_code(report, "TPA202")}
     down, k = found["experts.down_proj"], found["self_attn.k_proj"]
     assert down.facts["aligned_tp_sizes"] == [t for t in range(1, 8) if 768 % t == 0 and (768 // t) % 128 == 0]
@@ -231,7 +233,9 @@ def test_no_plan_under_ep_says_the_experts_are_sharded_by_expert():
     """granite-3.1-1b-a400m at tp 4 / ep 4: the EP plan shards the experts inside the layers, no TP rule shards
     attention. TPA003 says exactly that, with the ep_size, instead of "shards nothing" followed by a list of layer
     experts."""
-    report = audit(str(FIXTURES / "granite-3.1-1b-a400m-instruct.snapshot.json.gz"), tp=4, ep=4)
+    # granitemoe's plan as transformers 5.23/5.24 shipped it: expert rules only (5.25 adds attention rules)
+    report = audit(str(FIXTURES / "granite-3.1-1b-a400m-instruct.snapshot.json.gz"), tp=4, ep=4,
+                   plan=plan_524("granitemoe"))
     (f,) = by_code(report, "TPA003")
     assert "only the expert-parallel plan shards (ep_size 4" in f.message
     assert "block_sparse_moe.experts.gate_up_proj" in f.message and "the plan shards only" not in f.message
