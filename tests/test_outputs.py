@@ -132,13 +132,14 @@ def test_baseline_accepts_known_findings(tmp_path):
 
 def test_fail_on_warning():
     # Qwen3-30B-A3B-Instruct-2507 at tp 4: the shipped qwen3_moe plan's three dense mlp.* rules match nothing (every
-    # layer is sparse): warnings only; its per-expert checkpoint merges into the fused experts on every rank
-    proc = run_main("check", QWEN3_MOE, "--tp", "4", "--format", "json")
+    # layer is sparse): warnings only; its per-expert checkpoint merges into the fused experts on every rank. With
+    # --ep 4 the experts are split by expert in every release (5.25 ships no expert TP rules: tp alone holds them whole)
+    proc = run_main("check", QWEN3_MOE, "--tp", "4", "--ep", "4", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     warnings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] == "warning"]
     assert sorted(f["target"] for f in warnings) == [f"model.layers.*.mlp.{p}" for p in
                                                      ("down_proj", "gate_proj", "up_proj")]
-    proc = run_main("check", QWEN3_MOE, "--tp", "4", "--format", "json", "--fail-on", "warning")
+    proc = run_main("check", QWEN3_MOE, "--tp", "4", "--ep", "4", "--format", "json", "--fail-on", "warning")
     assert proc.returncode == 1
 
 

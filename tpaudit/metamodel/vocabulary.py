@@ -78,10 +78,11 @@ HIDDEN = ConfigRole("hidden", ("hidden_size", "n_embd", "d_model", "n_embed"),
 INTERMEDIATE = ConfigRole(
     "intermediate",
     ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", "d_ff", "dense_intermediate_size",
-     "intermediate_size_mlp", "prefix_dense_intermediate_size"),
+     "intermediate_size_mlp", "prefix_dense_intermediate_size", "mlp_only_intermediate_size"),
     "A dense MLP's hidden width (`gate_proj`/`up_proj` output). Llama 4 gives its dense layers' width as "
     "`intermediate_size_mlp` (its `intermediate_size` is the experts'), MiniMax-M3 and Cohere2-MoE their dense prefix "
-    "layers' as `dense_intermediate_size` / `prefix_dense_intermediate_size`.")
+    "layers' as `dense_intermediate_size` / `prefix_dense_intermediate_size`, Kolibri 1.1 (transformers 5.25) its "
+    "`mlp_only_layers`' as `mlp_only_intermediate_size`.")
 EXPERT_INTERMEDIATE = ConfigRole(
     "expert_intermediate", ("moe_intermediate_size", "expert_intermediate_size", "expert_ffn_hidden_size"),
     "A routed expert's hidden width (LongCat-Flash: `expert_ffn_hidden_size`).")
@@ -338,6 +339,9 @@ NOT_A_ROLE: dict[str, str] = {
     # experts
     "index_topk": "tokens DeepSeek-V3.2's sparse-attention indexer keeps (top-k tokens, not experts)",
     "index_topk_blocks": "blocks MiniMax-M3's sparse-attention indexer keeps (not experts)",
+    # heads
+    "index_num_heads": "Kolibri 1.1's indexer scores keys with this many of the attention's own leading query heads "
+                       "(a count of existing heads: no projection or cache of its own)",
     # vocabularies
     "ngram_vocab_size_base": "Qwen4-Exp's n-gram hash table base size (not token rows of an embedding or a head)",
     "make_ngram_vocab_size_divisible_by": "Qwen4-Exp's n-gram table padding multiple",
