@@ -135,7 +135,7 @@ def test_ep_dropped_rules_and_unused_rules_are_transformers_own():
     tf.set_merged_plans(model, tp_rules, ep_rules)
     survivors = {generic_name(k) for k in applied_tp}
     dropped = set(ep_dropped_rules(tp_rules, ep_rules))
-    assert dropped == set(experts)
+    assert set(experts) <= dropped and all(".mlp.experts" in k for k in dropped)  # 5.24 also ships `mlp.experts`
     kept = {k: v for k, v in tp_rules.items() if k not in dropped}
     for key in tp_rules:
         applied = any(s == key or s.startswith(key + ".") for s in survivors)

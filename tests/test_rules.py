@@ -117,9 +117,10 @@ def test_every_rule_has_a_table_that_fires_and_passes():
     codes = {r.code for r in all_rules() if r.status == "stable"}
     assert codes == set(TABLES), f"codes without a table: {codes - set(TABLES)}; tables without a rule: " \
                                  f"{set(TABLES) - codes}"
-    for code, table in TABLES.items():
-        assert any(c.get("fires") for c in table["cases"]), code
-        assert any(c.get("passes") or c.get("no_error") for c in table["cases"]), code
+    for code, table in TABLES.items():  # in some supported release (a rule new in 5.25 fires only there)
+        variants = [c for case in table["cases"] for c in (case, *case.get("since_release", {}).values())]
+        assert any(c.get("fires") for c in variants), code
+        assert any(c.get("passes") or c.get("no_error") for c in variants), code
 
 
 def test_case_models_exist():

@@ -154,7 +154,9 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
     `kv_b_proj`, `colwise` or `packed_colwise`) while the layer's number of KV heads is not a multiple of `tp_size`
     (`tp_size` greater than the KV heads included), so no rank holds a whole number of heads. A key projection whose
     output is gathered (`colwise_gather_output`) keeps every head on every rank, as transformers'
-    `get_kv_heads_per_rank` says, and is never flagged. Layers are checked one by one with their own KV-head count
+    `get_kv_heads_per_rank` says, and is never flagged; nor is one whose style keeps whole heads on every rank
+    (transformers 5.25's `unit_colwise`, which duplicates heads when there are fewer than ranks: each rank's rows are
+    read from the sharded parameter). Layers are checked one by one with their own KV-head count
     (per-layer overrides such as Gemma 4's global layers, set by `num_global_key_value_heads`), and the finding names
     the attribute that sets that count, with its value.
 
@@ -191,7 +193,11 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
         local = [key.share(r) for r in range(ctx.shard_map.world_size)]
         if all(x == 1.0 for x in local):
             continue
-        if layer.kv_heads % tp:
+        # a style that keeps whole heads per rank (transformers 5.25's `unit_colwise`: 2 KV heads at tp 4 give every
+        # rank one whole head, duplicated) splits no head, whatever tp_size is: read from the ranks' rows
+        whole = all(abs(layer.kv_heads * x - round(layer.kv_heads * x)) < 1e-9 and layer.kv_heads * x >= 1
+                    for x in local)
+        if layer.kv_heads % tp and not whole:
             bad[layer.kv_heads].append(layer.index)
             shares.setdefault(layer.kv_heads, [layer.kv_heads * x for x in local])
     for heads, indices in sorted(bad.items()):

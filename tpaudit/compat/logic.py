@@ -85,6 +85,11 @@ _LINEAR_STYLES: dict[str, tuple[str, bool, int]] = {
     "rowwise_split_input": (INPUT_AXIS, False, 1),
     "rowwise_rep": (INPUT_AXIS, False, 1),
     "packed_rowwise": (INPUT_AXIS, False, 2),
+    # transformers 5.25: whole heads per rank on a 2-D (units, replicas) view of the TP mesh, duplicated when there are
+    # fewer heads than ranks (`UnitColwiseParallel`: [Shard(ndim - 2), Replicate()]; `UnitRowwiseParallel`:
+    # [Shard(-1), Replicate()], bias replicated). Each rank's rows are read from the DTensor itself.
+    "unit_colwise": (OUTPUT_AXIS, False, 1),
+    "unit_rowwise": (INPUT_AXIS, False, 1),
 }
 
 # Styles that keep a module's parameters whole on purpose: a rule with one of them is an explicit replication, not a

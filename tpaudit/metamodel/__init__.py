@@ -169,6 +169,10 @@ def validate_plan(plan, origin: str = "plan") -> None:
             raise PlanError(f"{origin}: rule key {key[:80]!r} is not a module or parameter path such as "
                             "'layers.*.self_attn.q_proj'")
         if style not in known:
+            removed = backend().removed_styles().get(style)
+            if removed:
+                raise PlanError(f"{origin}: rule '{key[:80]}' has style '{style}', which the installed transformers "
+                                f"({backend().versions['transformers']}) refuses: {removed}")
             import difflib
 
             close = difflib.get_close_matches(style, sorted(known), n=1)

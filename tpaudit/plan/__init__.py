@@ -44,6 +44,8 @@ class ResolvedPlan:
         loader_errors (`tuple[str, ...]`): what `from_pretrained` itself would raise for this plan (an empty TP plan).
         dist_overrides (`dict`, *optional*): `DistributedConfig(tp_plan=..., ep_plan=...)` overrides that were merged.
         resolution (`tuple`, *optional*): transformers' own return value, handed to the simulation (opaque).
+        deprecated_rules (`dict[str, str]`): TP rules in force whose style the installed transformers has announced
+            the removal of (`moe_tp_experts` in 5.25), key -> the release's advice (`compat` `deprecated_styles`).
     """
 
     sizes: ParallelSizes
@@ -62,6 +64,7 @@ class ResolvedPlan:
     dist_overrides: dict | None = None
     resolution: tuple | None = field(default=None, repr=False, compare=False)
     base_plan: dict[str, str] = field(default_factory=dict)
+    deprecated_rules: dict[str, str] = field(default_factory=dict)
 
     @property
     def tp_size(self) -> int:
@@ -169,6 +172,11 @@ def _resolve(built, sizes: ParallelSizes, dist_overrides: dict | None, plan: dic
     unused_ep = unused_rules(ep_rules, names) if sizes.ep_size > 1 else ()
     dropped = ep_dropped_rules(tp_rules, ep_rules) if sizes.ep_size > 1 and not loader_errors else ()
 
+    deprecated_styles = tf.deprecated_styles() if sizes.tp_size > 1 and not loader_errors else {}
+    # the rules transformers applies (expanded to layer numbers), by generic name: a merged key that matches nothing
+    # (Llama 4's plan prefixed twice) is TPA002's, not this
+    deprecated = {generic_name(k): deprecated_styles[s] for k, s in applied_tp.items() if s in deprecated_styles}
+
     prefix = built.text_prefix
     injected = {}
     key = f"{prefix}.embed_tokens" if prefix else "embed_tokens"
@@ -180,7 +188,8 @@ def _resolve(built, sizes: ParallelSizes, dist_overrides: dict | None, plan: dic
                         dropped_tp_rules=dropped, injected_rules=injected,
                         override=dict(plan) if plan is not None else built.build_override,
                         text_prefix=prefix, plan_owner=built.plan_owner, loader_errors=tuple(loader_errors),
-                        dist_overrides=dist_overrides, resolution=resolution, base_plan=base)
+                        dist_overrides=dist_overrides, resolution=resolution, base_plan=base,
+                        deprecated_rules=deprecated)
 
 
 __all__ = ["ResolvedPlan", "resolve_plan", "generic_name"]

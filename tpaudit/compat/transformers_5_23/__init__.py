@@ -149,6 +149,10 @@ class Transformers523(MetaModelSeam, PlanSeam):
         5.23/5.24)."""
         return {}
 
+    def removed_styles(self) -> dict[str, str]:
+        """Styles earlier releases registered that the installed one refuses, with why (none in 5.23/5.24)."""
+        return {}
+
     def is_pretrained_model(self, obj) -> bool:
         """`isinstance(obj, transformers.PreTrainedModel)`."""
         from transformers import PreTrainedModel

@@ -63,3 +63,12 @@ class Transformers525(Transformers523):
         Source: transformers 5.25 `tensor_parallel.apply_tensor_parallelism` (the `moe_tp_experts` warning)."""
         return {"moe_tp_experts": "deprecated in transformers 5.25 (removal announced for 5.28): split the experts "
                                   "by expert parallelism (the model's EP plan, `ep_size`) instead"}
+
+    def removed_styles(self) -> dict[str, str]:
+        """Styles earlier releases registered that the installed one refuses (`_validate_parallel_plan`), with why.
+
+        Source: transformers 5.25 `distributed/tensor_parallel.py` (`MoeIdentityParallel` and its registration are
+        gone; longcat_flash's plan dropped its `identity_expert` rule with its expert TP rules)."""
+        return {"moe_identity_expert": "transformers 5.25 removed it (it pre-divided LongCat-Flash's identity experts "
+                                       "for the experts' TP split, which 5.25 replaced by expert parallelism): drop "
+                                       "the rule and split the experts with --ep"}
