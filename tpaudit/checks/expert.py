@@ -41,7 +41,8 @@ def check_ep_overrides_tp(ctx: CheckContext) -> Iterable[Finding]:
         facts={"dropped_tp_rules": list(plan.dropped_tp_rules)})
 
 
-@rule("TPA402", "deprecated_style", severity="warning")
+@rule("TPA402", "deprecated_style", severity="warning", breaks_forward=False, suggest=None, counts_replicated=False,
+      fails_load=False)
 def check_deprecated_style(ctx: CheckContext) -> Iterable[Finding]:
     """A TP rule whose style the installed transformers still applies but has announced the removal of.
 
