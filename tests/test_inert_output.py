@@ -37,16 +37,16 @@ ONE_LINE, VISIBLE_ONE_LINE = IN_PATH.replace("\n", ""), VISIBLE_PATH.replace("\\
 _RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def hostile_model(root: Path, name: str = IN_PATH) -> Path:
-    """A 2-layer granite whose directory name, architectures[0] and one stray checkpoint tensor carry HOSTILE."""
+def hostile_model(root: Path, name: str = IN_PATH, text: str = HOSTILE) -> Path:
+    """A 2-layer granite whose directory name, architectures[0] and one stray checkpoint tensor carry `text`."""
     config = json.loads((CASES / "09-granite-tp5-indivisible-dims" / "config.json").read_text())
-    config.update(num_hidden_layers=2, architectures=["Evil" + HOSTILE])
+    config.update(num_hidden_layers=2, architectures=["Evil" + text])
     d = root / ("m" + name)
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(config))
     hidden = config["hidden_size"]
     header = {"model.norm.weight": {"dtype": "BF16", "shape": [hidden], "data_offsets": [0, 2 * hidden]},
-              "model.layers.0.stray" + HOSTILE: {"dtype": "BF16", "shape": [2],
+              "model.layers.0.stray" + text: {"dtype": "BF16", "shape": [2],
                                                  "data_offsets": [2 * hidden, 2 * hidden + 4]}}
     raw = json.dumps(header).encode()
     with open(d / "model.safetensors", "wb") as f:
@@ -182,6 +182,24 @@ def test_check_markdown_is_inert(hostile):
 def test_check_json_and_sarif_keep_the_exact_strings(hostile, fmt):
     doc = json.loads(_check(hostile, fmt))
     assert contains(doc, "stray" + HOSTILE) and contains(doc, "zz" + HOSTILE)
+
+
+# zero-width space, zero-width non-joiner and joiner, word joiner, BOM, soft hyphen, a language tag: printed raw they
+# are invisible, so `stray<ZWSP>x` would read as `strayx`. Written as the code points an independent table gives.
+INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad\U000e0041"
+INVISIBLE_SHOWN = "\\u200b\\u200c\\u200d\\u2060\\ufeff\\xad\\U000e0041"
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_zero_width_characters_are_shown_escaped(tmp_path, fmt):
+    import unicodedata
+
+    assert {unicodedata.category(c) for c in INVISIBLE} == {"Cf"}
+    model = hostile_model(tmp_path, "zw", text="q" + INVISIBLE + "x")
+    proc = run_env("check", str(model), "--tp", "2", "--no-parity", "--format", fmt, env=WIDE)
+    assert proc.returncode == 1, proc.stderr
+    assert not any(c in proc.stdout for c in INVISIBLE), [c for c in INVISIBLE if c in proc.stdout]
+    assert "strayq" + INVISIBLE_SHOWN + "x" in proc.stdout.replace("\\\\", "\\"), proc.stdout[:3000]
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ pull-request comment or a web page is decided in one place:
 
 - **terminal** (`terminal`): control characters (C0, DEL, C1: `ESC [2J`, an unterminated OSC `ESC ]`, a bare CSI
   `\\x9b`), line and paragraph separators and bidirectional overrides (U+202E and kin, which reorder what a reviewer
-  reads) are written as visible escapes (`\\x1b`, `\\u202e`). Rich markup is never interpreted from data: the
+  reads) and the other invisible format characters (zero-width space and joiners, word joiner, BOM: Unicode's
+  category Cf, which make two different names print alike) are written as visible escapes (`\\x1b`, `\\u202e`,
+  `\\u200b`). Rich markup is never interpreted from data: the
   consoles renderers draw on are made with `markup=False` (`tpaudit/cli/_output.py`), so `x[/]y` prints as written.
 - **Markdown** (`markdown_code`, `markdown_text`): a name becomes a code span whose backtick fence is longer than any
   run of backticks inside it, so data cannot close it; prose (a finding message, a reason) keeps the code spans
@@ -29,8 +31,16 @@ __all__ = ["terminal", "markdown_code", "markdown_fence", "markdown_text", "stri
 # C0 controls, DEL, C1 controls, the Unicode line/paragraph separators and the bidirectional formatting characters
 # (embeddings, overrides, isolates, marks): everything that can move the cursor, rewrite the screen, start a terminal
 # escape sequence or make text read in another order than it is stored.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_CONTROL_NO_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Also every other character of Unicode's general category Cf ("format": invisible, it only changes how neighbours
+# render or join): zero-width space, non-joiner and joiner (U+200B-U+200D), word joiner and invisible operators
+# (U+2060-U+2064), the BOM (U+FEFF), soft hyphen, Arabic/Syriac number marks, interlinear annotation, Egyptian and
+# Duployan format controls, musical format controls and the language tags (U+E0001, U+E0020-U+E007F). They make two
+# different names print the same (`q_proj` and `q\u200b_proj`). The ranges are Unicode 15.1's Cf set.
+_FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+           "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+           "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
+_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_FORMAT}]")
+_CONTROL_NO_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029{_FORMAT}]")
 _MD_PUNCT = re.compile(r"([\\*_\[\]!|~#])")
 _BACKTICKS = re.compile("`+")
 
@@ -38,7 +48,7 @@ _BACKTICKS = re.compile("`+")
 def _escape_char(m: re.Match) -> str:
     c = m.group(0)
     o = ord(c)
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 def visible(value, *, keep_newlines: bool = False) -> str:
