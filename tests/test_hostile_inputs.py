@@ -396,13 +396,35 @@ def test_baseline_items_without_code_or_target(tmp_path, doc, words):
     assert_one_error(check("check", str(LLAMA), "--tp", "2", "--baseline", str(path)), "--baseline", words)
 
 
-@pytest.mark.parametrize("runs", [5, [5], [{"results": 5}], [{"results": [5, {"partialFingerprints": 3}]}]])
-def test_malformed_sarif_baseline_accepts_nothing(tmp_path, runs):
+TPAUDIT_RUN = {"tool": {"driver": {"name": "tpaudit"}}}
+
+
+@pytest.mark.parametrize("runs, words", [
+    ([], "'runs' is an empty list"),
+    (5, "'runs' is not a list"),
+    ([5], "runs[0] is not an object"),
+    ([{"tool": {"driver": {"name": "other"}}, "results": []}], "no run whose tool.driver.name is 'tpaudit'"),
+    ([{**TPAUDIT_RUN, "results": 5}], "runs[0].results is not a list"),
+    ([{**TPAUDIT_RUN, "results": [5]}], "runs[0].results[0]"),
+    ([{**TPAUDIT_RUN, "results": [{"partialFingerprints": 3}]}], "runs[0].results[0]"),
+    ([{**TPAUDIT_RUN, "results": [{"partialFingerprints": {"tpaudit/v1": "TPA001"}}]}], "CODE:target"),
+])
+def test_empty_or_malformed_sarif_baseline_is_refused(tmp_path, runs, words):
+    """A SARIF log with no tpaudit run, or one of whose results has no fingerprint, would accept nothing (or
+    silently part of what it lists): exit 2 naming the place."""
+    path = tmp_path / "baseline.sarif"
+    path.write_text(json.dumps({"version": "2.1.0", "runs": runs}))
+    assert_one_error(check("check", str(LLAMA), "--tp", "2", "--baseline", str(path)), "--baseline", words)
+
+
+def test_sarif_baseline_skips_other_tools_runs(tmp_path):
     from tpaudit.run.baseline import load_baseline
 
     path = tmp_path / "baseline.sarif"
-    path.write_text(json.dumps({"version": "2.1.0", "runs": runs}))
-    assert load_baseline(str(path)) == set()
+    other = {"tool": {"driver": {"name": "other"}}, "results": [{"ruleId": "X1"}, 5]}
+    ours = {**TPAUDIT_RUN, "results": [{"partialFingerprints": {"tpaudit/v1": "TPA001:model.norm.weight"}}]}
+    path.write_text(json.dumps({"version": "2.1.0", "runs": [other, ours, {**TPAUDIT_RUN, "results": []}]}))
+    assert load_baseline(str(path)) == {"TPA001:model.norm.weight"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
