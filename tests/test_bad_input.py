@@ -110,6 +110,10 @@ def test_shard_in_a_subdirectory_is_inside_the_model(tmp_path):
      "tensors[0]"),
     ({"schema": "tpaudit/snapshot/v1", "source": {"repo_id": 5}, "config": GRANITE, "tensors": None},
      "source.repo_id"),
+    ({"schema": "tpaudit/snapshot/v1", "source": [1], "config": GRANITE, "tensors": None}, "'source' must be an object"),
+    ({"schema": "tpaudit/snapshot/v1", "source": "", "config": GRANITE, "tensors": None}, "'source' must be an object"),
+    ({"schema": "tpaudit/snapshot/v1", "source": {"origin": [1]}, "config": GRANITE, "tensors": None},
+     "source.origin"),
     ({"schema": 5, "config": GRANITE, "tensors": None}, "schema"),
     ({"config": GRANITE, "tensors": None}, "schema"),
 ])

@@ -16,7 +16,9 @@ Format `tpaudit/snapshot/v1` (JSON, optionally gzip-compressed; the reader detec
 
 `tensors` lists every checkpoint tensor in on-disk order as `[name, safetensors dtype, shape, index into files or
 null]`; `null` instead of the list records a config-only model. `source` fields other than `schema`-level keys are
-optional. Unknown keys are ignored, so later versions may add some.
+optional, but `source` itself is an object (or absent) and each of its fields above a string (or null): a
+snapshot whose `source` is anything else is refused, not read as if it had none. Unknown keys are ignored, so later
+versions may add some.
 """
 
 from __future__ import annotations
@@ -111,12 +113,15 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
         if not isinstance(raw_tensors, list):
             raise SnapshotError(f"{path}: 'tensors' must be a list or null", path=str(path))
         tensors = _tensor_rows(raw_tensors, files, path)
-    source = data.get("source") or {}
-    if not isinstance(source, dict):
+    source = data.get("source")
+    if source is None:
         source = {}
-    for key in ("repo_id", "revision", "commit"):
+    if not isinstance(source, dict):
+        raise SnapshotError(f"{path}: 'source' must be an object (repo_id, revision, commit, ...) or absent, not "
+                            f"{json.dumps(source)[:80]}. Record the snapshot again", path=str(path))
+    for key in SOURCE_TEXT_KEYS:
         if source.get(key) is not None and not isinstance(source[key], str):
-            raise SnapshotError(f"{path}: source.{key} must be a string, not {str(source[key])[:80]}",
+            raise SnapshotError(f"{path}: source.{key} must be a string, not {json.dumps(source[key])[:80]}",
                                 path=str(path))
     notes = []
     if tensors is None:
@@ -125,6 +130,10 @@ def load_snapshot(ref: str, data: dict | None = None) -> ModelSource:
     return ModelSource(ref=ref, kind="snapshot", config=config, tensors=tensors,
                        repo_id=source.get("repo_id"), revision=source.get("revision"), commit=source.get("commit"),
                        config_path=str(path), notes=tuple(notes))
+
+
+SOURCE_TEXT_KEYS = ("repo_id", "revision", "commit", "recorded_at", "recorded_by", "origin")
+"""The fields of a snapshot's `source` (all optional text)."""
 
 
 def _tensor_rows(rows: list, files: list[str], path: Path) -> tuple[CheckpointTensor, ...]:
