@@ -25,6 +25,9 @@ if "TPAUDIT_TEST_KEEP_HF_HOME" not in os.environ:
     import tempfile
 
     os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="tpaudit-tests-hf-home-")
+    # and its own cache key (tpaudit.sources.cache_key): never the user's ~/.config/tpaudit/cache-key, never a CI's secret
+    os.environ["XDG_CONFIG_HOME"] = os.path.join(os.environ["HF_HOME"], "config")
+    os.environ.pop("TPAUDIT_CACHE_KEY", None)
 
 # Test processes build and shard hundreds of real models: the cyclic collector gets the thresholds tpaudit's own
 # processes use (`tpaudit._process`), which a CLI test run in-process (`run_main`) would set anyway on its first call.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CASES, assert_one_error_line, deadline, run_bounded, run_main
+from conftest import CASES, assert_one_error_line, deadline, run_bounded, run_env, run_main
 
 MiB = 1 << 20
 CAP = 768 * MiB          # address space of each child: the batch never imports torch before it refuses
@@ -132,13 +132,13 @@ def test_a_cache_entry_that_is_not_a_small_regular_file_is_a_miss(tmp_path, kind
 
     from tpaudit.run.batch import ResultCache
 
-    cache = ResultCache(str(tmp_path / "cache"))
+    cache = ResultCache(str(tmp_path / "cache"), b"k" * 32)
     key = "ab" * 32
     cache.path(key).parent.mkdir(parents=True)
     made = Path(special(tmp_path, kind))
     made.rename(cache.path(key)) if kind != "devzero" else cache.path(key).symlink_to("/dev/zero")
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d)); "
-            "from tpaudit.run.batch import ResultCache; print(ResultCache(sys.argv[1]).get(sys.argv[2]))"
+            "from tpaudit.run.batch import ResultCache; print(ResultCache(sys.argv[1], b'k' * 32).get(sys.argv[2]))"
             % (CAP, CAP))
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cache"), key], capture_output=True,
                           text=True, timeout=SECONDS)
@@ -201,20 +201,86 @@ def test_bad_cache_entries_are_recomputed_and_rewritten(tmp_path, name):
     assert third[0].cached
 
 
-def test_a_well_formed_entry_is_served(tmp_path):
-    """What the README warns about: an entry that checks out is taken as is (cache entries carry no proof of who
-    computed them), so a cache must not cross a trust boundary."""
+FORGE = {
+    # a consistent line with 2 bytes less, its mac left as it was (the rest of the entry no longer matches it)
+    "edited, mac kept": lambda e, key: {**e, "result": {**e["result"],
+                                                        "worst_rank_param_bytes": e["result"]["worst_rank_param_bytes"]
+                                                        - 2}},
+    # a clean verdict (no findings, exit 0), the mac dropped
+    "clean verdict, no mac": lambda e, key: {k: v for k, v in {**e, "result": {
+        **e["result"], "exit_code": 0, "errors": 0, "warnings": 0, "notes": 0, "findings": []}}.items() if k != "mac"},
+    # the same clean verdict sealed by someone with another key (whoever can write the cache, not this user)
+    "clean verdict, sealed with another key": lambda e, key: _sealed({**e, "result": {
+        **e["result"], "exit_code": 0, "errors": 0, "warnings": 0, "notes": 0, "findings": []}}, b"x" * 32),
+}
+
+
+def _sealed(entry: dict, key: bytes) -> dict:
+    """`entry` with the mac the batch cache's scheme gives under `key`: HMAC-SHA256 of "batch", a NUL byte and the
+    canonical JSON (sorted keys, no spaces, ASCII) of the entry without its mac, written here from the scheme."""
+    import hashlib
+    import hmac
+
+    body = {k: v for k, v in entry.items() if k != "mac"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return {**body, "mac": hmac.new(key, b"batch\0" + text.encode(), hashlib.sha256).hexdigest()}
+
+
+@pytest.mark.parametrize("name", list(FORGE))
+def test_a_forged_entry_is_recomputed_and_said(tmp_path, name):
+    """Whoever can write the cache folder can write an entry for any key (keys are hashes of public inputs); without
+    this user's cache key (kept outside the cache) they cannot seal it, so the line is computed again, and the line
+    and the summary say which entry was refused."""
     import tpaudit
+    from tpaudit.run.batch import summarize
 
     model = str(small_model(tmp_path / "model"))
     cache = tmp_path / "cache"
-    first = list(tpaudit.batch([model], tp_sizes=[2], cache=cache))
+    with deadline(60):
+        (first,) = tpaudit.batch([model], tp_sizes=[2], cache=cache)
+    assert first.errors >= 1 and first.exit_code == 1            # granite's vocab 49155 does not split in 2
     (entry_path,) = cache.glob("*/*.json")
     entry = json.loads(entry_path.read_text())
-    entry["result"]["worst_rank_param_bytes"] -= 2   # still consistent: a forgery that cannot be told apart
-    entry_path.write_text(json.dumps(entry))
-    (second,) = tpaudit.batch([model], tp_sizes=[2], cache=cache)
-    assert second.cached and second.worst_rank_param_bytes == first[0].worst_rank_param_bytes - 2
+    assert entry == _sealed(entry, _user_key())                  # the scheme above is the one the cache uses
+    entry_path.write_text(json.dumps(FORGE[name](entry, _user_key())))
+    with deadline(60):
+        (second,) = tpaudit.batch([model], tp_sizes=[2], cache=cache)
+    assert not second.cached and second.exit_code == 1 and second.errors == first.errors
+    assert second.worst_rank_param_bytes == first.worst_rank_param_bytes
+    assert str(entry_path) in second.cache_problem and "not authenticated" in second.cache_problem
+    assert second.to_json()["cache_problem"] == second.cache_problem
+    summary = summarize([second], pairs=[(2, 1)])
+    assert summary.cache_refused == 1 and summary.cache_problems == (second.cache_problem,)
+    assert json.loads(entry_path.read_text()) == _sealed(json.loads(entry_path.read_text()), _user_key())
+    (third,) = tpaudit.batch([model], tp_sizes=[2], cache=cache)  # rewritten, sealed: served again
+    assert third.cached and third.cache_problem is None
+
+
+def test_a_forged_entry_is_named_in_every_summary_format(tmp_path):
+    model = small_model(tmp_path / "model")
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{model}\n")
+    env = {"TPAUDIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "400"}
+    assert run_env("batch", str(listing), "--tp", "2", "-o", str(tmp_path / "a.jsonl"), env=env).returncode == 1
+    (entry_path,) = (tmp_path / "cache").glob("*/*.json")
+    for fmt in ("table", "markdown", "html"):
+        entry = json.loads(entry_path.read_text())
+        entry_path.write_text(json.dumps({k: v for k, v in entry.items() if k != "mac"}))
+        proc = run_env("batch", str(listing), "--tp", "2", "-o", str(tmp_path / f"{fmt}.jsonl"), "--format", fmt,
+                       env=env)
+        assert proc.returncode == 1, proc.stderr
+        assert "0 from the cache (1 refused by the cache check and computed again)" in proc.stdout, proc.stdout
+        assert "not authenticated" in proc.stdout and entry_path.name in proc.stdout, proc.stdout
+        (line,) = [json.loads(x) for x in (tmp_path / f"{fmt}.jsonl").read_text().splitlines()]
+        assert line["cached"] is False and entry_path.name in line["cache_problem"]
+
+
+def _user_key() -> bytes:
+    from tpaudit.sources.cache_key import cache_key
+
+    key, problem = cache_key()
+    assert key is not None, problem
+    return key
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ def check(
                                      "--no-parity never. "
                                      "Default: when the plan splits a fused or packed projection, or with --plan.",
         show_default=False)] = None,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Neither read nor write the parity verdict cache: compute the verdict now.")] = False,
     units: UnitsOpt = Units.GiB,
     params: Annotated[str, typer.Option(
         "--params", help="Terminal: the parameter table: families (by module family, largest first), all (every "
@@ -95,10 +97,13 @@ def check(
                                            trust_remote_code=trust_remote_code, dtype=dtype),
                        revision=revision, token=token, progress=progress)
     mode = "auto" if parity is None else ("on" if parity else "off")
-    report = audit.check(CheckRequest(sizes, options=options, parity=mode, plan_path=plan,
-                                      suggest="always" if suggest else "never",
-                                      baseline=frozenset(accepted) if accepted is not None else None,
-                                      baseline_path=baseline))
+    from ..evidence.cache import bypassed
+
+    with bypassed(no_cache):
+        report = audit.check(CheckRequest(sizes, options=options, parity=mode, plan_path=plan,
+                                          suggest="always" if suggest else "never",
+                                          baseline=frozenset(accepted) if accepted is not None else None,
+                                          baseline_path=baseline))
     if write_plan is not None:
         import json
 

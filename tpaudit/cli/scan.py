@@ -30,6 +30,8 @@ def scan(
                                      "fused or packed projection (threaded ranks per such model type: seconds "
                                      "each). Where it cannot run, the type keeps its static audit and its row says "
                                      "why.")] = False,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="With --parity: neither read nor write the parity verdict cache.")] = False,
 ) -> int:
     """Simulate every model type (or the ones named) from its default config and report plan coverage.
 
@@ -50,7 +52,10 @@ def scan(
     ParallelSizes.of(tp, names=("--tp", "--ep"))  # the size in the flag's own words before any work
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs {jobs} is invalid: pass 1 or more worker processes (default: the CPU count)")
-    report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
+    from ..evidence.cache import bypassed
+
+    with bypassed(no_cache):
+        report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
     emit("scan", format, report, output)
     if output is not None:
         from ..units import plural

@@ -111,21 +111,21 @@ def gather(built, resolved, shard_map, mode: str, *, proposed: bool) -> ParityRe
         return _not_needed(resolved)
     else:
         why = None
-    cache = open_cache()
+    cache, problem = open_cache()
     limited = head_limited(built, shard_map, resolved.tp_size)
     if cache is not None:
         facts = cache_inputs(config=built.config, model_class=built.architecture, plan=_plan(resolved),
                              tp_size=resolved.tp_size, ep_size=resolved.ep_size, checkpoint_names=_keys(built),
                              head_limited=limited, why=why or "auto")
         key = digest(facts)
-        hit = cache.get(key)
+        hit, problem = cache.lookup(key)
         if hit is not None:
             return hit
     result = _run(built, resolved, why, shard_map=shard_map, limited=limited) if why else \
         _auto(built, resolved, shard_map, limited)
     if cache is not None:
         cache.put(key, facts, result)
-    return result
+    return dataclasses.replace(result, cache_problem=problem) if problem else result
 
 
 def _auto(built, resolved, shard_map, limited) -> ParityResult:

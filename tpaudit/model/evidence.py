@@ -243,6 +243,9 @@ class ParityResult:
         reruns (`int`): sharded runs after the first, to isolate the rules that broke it.
         isolation_seconds (`float`): wall time of those re-runs.
         cached (`bool`): the result was read from the parity cache (`tpaudit.evidence.cache`), not computed now.
+        cache_problem (`str`, *optional*): why the cache did not answer although it was asked: an entry for these
+            inputs was refused (not authenticated by this user's cache key, corrupt, a FIFO) and the check ran
+            again, or there is no usable cache key. `None` for a hit, a plain miss, or the cache switched off.
     """
 
     ran: bool
@@ -272,8 +275,9 @@ class ParityResult:
     reruns: int = 0
     isolation_seconds: float = 0.0
     cached: bool = False
+    cache_problem: str | None = None
 
-    _EXTRA = ("verdicts", "reruns", "isolation_seconds", "cached")
+    _EXTRA = ("verdicts", "reruns", "isolation_seconds", "cached", "cache_problem")
 
     def verdict(self, target: str) -> RuleVerdict | None:
         """The verdict whose rule (or, for a missing rule, module) is `target`."""
@@ -297,6 +301,8 @@ class ParityResult:
             out["isolation_seconds"] = round(self.isolation_seconds, 3)
         if self.cached:
             out["cached"] = True
+        if self.cache_problem:
+            out["cache_problem"] = self.cache_problem
         return out
 
     @classmethod
@@ -347,4 +353,5 @@ class ParityResult:
             verdicts=tuple(RuleVerdict.from_json(v) for v in _check(d.get("verdicts", []), list, "parity.verdicts")),
             reruns=_check(d.get("reruns", 0), int, "parity.reruns"),
             isolation_seconds=float(_check(d.get("isolation_seconds", 0.0), num, "parity.isolation_seconds")),
-            cached=_check(d.get("cached", False), bool, "parity.cached"))
+            cached=_check(d.get("cached", False), bool, "parity.cached"),
+            cache_problem=_opt(d.get("cache_problem"), str, "parity.cache_problem"))

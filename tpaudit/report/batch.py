@@ -29,7 +29,9 @@ def _headline(summary: BatchSummary) -> list[str]:
     m, ln, f = summary.models, summary.lines, summary.findings
     return [
         f"{plural(summary.model_count, 'model')} at {_sizes(summary)}: {plural(len(summary.results), 'line')} in "
-        f"{_rate(summary)}; {summary.computed} computed, {summary.cached} from the cache",
+        f"{_rate(summary)}; {summary.computed} computed, {summary.cached} from the cache" + (
+            f" ({summary.cache_refused} refused by the cache check and computed again)" if summary.cache_refused
+            else ""),
         f"models: {m['ok']} clean, {m['findings']} with error findings, {m['error']} with lines that could not run"
         " · lines: "
         f"{ln['ok']} audited ({ln['ok'] - summary.lines_with_errors} clean, {summary.lines_with_errors} with error "
@@ -64,6 +66,8 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
     console.print(Text(unit_legend(unit), style="dim"))
     for message in summary.refused:
         console.print(Text(f"left out: {inert(message)}", style="dim"))
+    for message in summary.cache_problems:
+        console.print(Text(f"cache: {inert(message)}", style="yellow"))
     if summary.worst:
         t = Table(title="Worst offenders: bytes every rank holds whole", title_justify="left", header_style="bold")
         for col in ("model", "tp", "ep", "replicated", "share", "worst rank", "errors"):
@@ -118,6 +122,7 @@ def render_markdown(summary: BatchSummary, *, unit: str = "GiB", max_rows: int =
     head = _headline(summary)
     out = [f"### {icon} tpaudit batch: {head[0]}", "", head[1], "", head[2], "", f"_{unit_legend(unit)}_", ""]
     out += [f"- left out: {prose(m)}" for m in summary.refused]
+    out += [f"- cache: {prose(m)}" for m in summary.cache_problems]
     if summary.worst:
         out += ["#### Worst offenders: bytes every rank holds whole", "",
                 "| model | tp | ep | replicated | share | worst rank | errors |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -192,6 +197,7 @@ def render_html(summary: BatchSummary, *, unit: str = "GiB", **_) -> str:
     parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
              f"<title>tpaudit batch: {e(head[0])}</title><style>{_STYLE}</style></head><body>",
              "<h1>tpaudit batch</h1>", *(f"<p>{e(line)}</p>" for line in head),
+             *(f"<p>cache: {e(m)}</p>" for m in summary.cache_problems),
              f"<p><em>{e(unit_legend(unit))}. Versions: "
              f"{e(', '.join(f'{k} {v}' for k, v in summary.versions.items()))}.</em></p>"]
     parts += [f"<p>left out: {e(m)}</p>" for m in summary.refused]

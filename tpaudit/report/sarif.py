@@ -12,6 +12,7 @@ import json
 
 from ..model import Report
 from . import renderer
+from .wording import cache_phrase
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://pypi.org/project/tpaudit/"
@@ -60,6 +61,15 @@ def render(report: Report, **_) -> str:
             "properties": {"kind": f.kind, "target": f.target, "facts": f.facts},
         })
     m = report.model
+    invocation: dict = {"executionSuccessful": True}
+    properties = {"model": m.get("repo_id") or m.get("ref"), "tp_size": report.tp_size, "ep_size": report.ep_size,
+                  "worst_rank_param_bytes": report.worst_rank_param_bytes, "versions": report.versions}
+    p = report.parity
+    if p is not None and (p.cached or p.cache_problem):
+        # where the parity verdict came from, when the cache had a say (a verdict the findings above rest on)
+        properties["parity_cache"] = {"cached": p.cached, **({"problem": p.cache_problem} if p.cache_problem else {})}
+        invocation["toolExecutionNotifications"] = [{"level": "note", "message": {
+            "text": f"Parity verdict {cache_phrase(p)}."}}]
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -68,10 +78,8 @@ def render(report: Report, **_) -> str:
                                 "semanticVersion": report.versions.get("tpaudit", ""),
                                 "informationUri": INFORMATION_URI, "rules": rules}},
             "results": results,
-            "invocations": [{"executionSuccessful": True}],
-            "properties": {"model": m.get("repo_id") or m.get("ref"), "tp_size": report.tp_size,
-                           "ep_size": report.ep_size, "worst_rank_param_bytes": report.worst_rank_param_bytes,
-                           "versions": report.versions},
+            "invocations": [invocation],
+            "properties": properties,
         }],
     }
     return json.dumps(log, indent=2) + "\n"

@@ -12,6 +12,23 @@ def parity_verdict(parity) -> tuple[str, str]:
     that raised (the exception is the verdict, with the module it was running); `passed` None after a run is a run
     that compared nothing.
     """
+    kind, sentence = _parity_sentence(parity)
+    source = cache_phrase(parity)
+    return kind, f"{sentence}; {source}" if source else sentence
+
+
+def cache_phrase(parity) -> str:
+    """Where the parity verdict came from, when the cache had a say: `"read from the parity cache, authenticated by
+    this user's cache key (--no-cache recomputes)"` for a verdict read from it; `"computed now: <why the cache did
+    not answer>"` when an entry was refused or the cache could not be used; `""` otherwise (computed now, nothing to
+    say)."""
+    if getattr(parity, "cached", False):
+        return "read from the parity cache, authenticated by this user's cache key (--no-cache recomputes)"
+    problem = getattr(parity, "cache_problem", None)
+    return f"computed now: {problem}" if problem else ""
+
+
+def _parity_sentence(parity) -> tuple[str, str]:
     p = parity
     size = f"tp_size {p.tp_size}" + (f", ep_size {p.ep_size}" if getattr(p, "ep_size", 1) > 1 else "")
     if not p.ran:

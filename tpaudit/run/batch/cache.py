@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from ...sources.files import write_text_atomic
 from .lines import line_problem
 from .model_list import LINE_MAX_BYTES
 
-CACHE_SCHEMA = "tpaudit/batch-cache/v1"
+CACHE_SCHEMA = "tpaudit/batch-cache/v2"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -109,18 +109,21 @@ class ResultCache:
     the same folder and renamed into place (`os.replace`, atomic on POSIX and Windows), so readers never see a
     partial entry and concurrent writers of the same key simply leave one of two identical files.
 
-    An entry is `{"schema", "key", "inputs", "result"}`: `inputs` echoes what the key hashes (`key_inputs`: model
-    hash, sizes, plan hash, dtype, versions). It is validated, never trusted: it is used only when it is a regular
-    file under `LINE_MAX_BYTES`, its inputs are exactly the requested ones and hash to its key, and its result is a
-    well-formed line (`line_problem`) for the same sizes and model hash; anything else is a miss, recomputed and
-    rewritten. A well-formed entry forged with a wrong result cannot be told from a real one, so a cache must not
-    be shared with anyone whose results you would not take (README, "Cache").
+    An entry is `{"schema", "key", "inputs", "result", "mac"}`: `inputs` echoes what the key hashes (`key_inputs`:
+    model hash, sizes, plan hash, dtype, versions); `mac` authenticates the rest (HMAC-SHA256 under this user's cache
+    key, kept outside the cache: `tpaudit.sources.cache_key`). The key is a hash of public inputs, so anyone who can write
+    the folder can write an entry for any key: an entry is used only when its `mac` matches, it is a regular file
+    under `LINE_MAX_BYTES` (a FIFO or device is refused without blocking), its inputs are exactly the requested ones
+    and hash to its key, and its result is a well-formed line (`line_problem`) for the same sizes and model hash;
+    anything else is recomputed, rewritten, and its line says why (`BatchResult.cache_problem`).
 
     Attributes:
         directory (`str`): the cache folder (created on the first write).
+        key_bytes (`bytes`): the key entries are authenticated with (`tpaudit.sources.cache_key.cache_key`).
     """
 
     directory: str
+    key_bytes: bytes = field(repr=False)
 
     def path(self, key: str) -> Path:
         """Where the entry of `key` lives."""
@@ -128,39 +131,72 @@ class ResultCache:
 
     def get(self, key: str, inputs: dict[str, Any] | None = None) -> dict | None:
         """The stored line of `key` (a `BatchResult.to_json()` dict), `None` on a miss or an entry that does not
-        check out (see the class).
+        check out (see the class)."""
+        return self.lookup(key, inputs)[0]
+
+    def lookup(self, key: str, inputs: dict[str, Any] | None = None) -> tuple[dict | None, str | None]:
+        """`(line, None)` for an entry that checks out, `(None, None)` when there is none, `(None, why)` when there
+        is one and it is refused (`why`: one phrase for the line and the summary).
 
         Args:
             key (`str`): the key (`result_key`).
             inputs (`dict`, *optional*): what the key was made of (`key_inputs`); the entry must echo exactly these.
         """
+        from ...sources.cache_key import authentic
         from ...sources.files import load_json, read_capped
+
+        path = self.path(key)
+        if not os.path.lexists(path):
+            return None, None
 
         def refuse(message: str) -> TpauditError:
             return UsageError(message)
 
+        def refused(why: str) -> tuple[None, str]:
+            return None, f"the cache entry {path} was refused: {why}"
+
         try:
-            entry = load_json(read_capped(self.path(key), "cache entry", LINE_MAX_BYTES, refuse), "cache entry",
-                              str(self.path(key)), refuse, max_depth=64)
-        except TpauditError:  # missing, not a regular file (FIFO, device, directory), too large, not JSON
-            return None
-        if not isinstance(entry, dict) or entry.get("schema") != CACHE_SCHEMA or entry.get("key") != key:
-            return None
+            entry = load_json(read_capped(path, "cache entry", LINE_MAX_BYTES, refuse), "cache entry", str(path),
+                              refuse, max_depth=64)
+        except TpauditError as e:  # not a regular file (FIFO, device, directory), too large, not JSON
+            return refused(str(e).split(": ", 1)[-1].split(". ", 1)[0])
+        if not isinstance(entry, dict) or not authentic(self.key_bytes, "batch", entry):
+            return refused("it is not authenticated by this user's cache key (forged, or written with another key)")
+        if entry.get("schema") != CACHE_SCHEMA or entry.get("key") != key:
+            return refused("it is the entry of another key (copied)")
         echo, result = entry.get("inputs"), entry.get("result")
         if not isinstance(echo, dict) or _key_of(echo) != key or (inputs is not None and echo != inputs):
-            return None
+            return refused("it is the entry of other inputs (copied)")
         if line_problem(result) is not None or result.get("key") != key:
-            return None
+            return refused("its result is not a well-formed line of this key")
         if (result["tp_size"], result["ep_size"]) != (echo.get("tp_size"), echo.get("ep_size")) or \
                 result.get("model_sha256") != echo.get("model_sha256"):
-            return None
-        return result
+            return refused("its result is the line of other sizes or another model")
+        return result, None
 
     def put(self, key: str, result: dict, inputs: dict[str, Any] | None = None) -> None:
-        """Store `result` under `key`, echoing `inputs` (`key_inputs`). A cache that cannot be written is not an
-        error: the batch goes on. A FIFO or other file squatting on the entry's name is replaced, not opened."""
+        """Store `result` under `key`, echoing `inputs` (`key_inputs`), sealed with the cache key. A cache that cannot
+        be written is not an error: the batch goes on. A FIFO or other file squatting on the entry's name is
+        replaced, not opened."""
+        from ...sources.cache_key import seal
+
+        entry = {"schema": CACHE_SCHEMA, "key": key, "inputs": inputs, "result": result}
+        entry = json.loads(json.dumps(entry))  # sealed as it will read back
+        entry["mac"] = seal(self.key_bytes, "batch", entry)
         try:
-            write_text_atomic(self.path(key), json.dumps({"schema": CACHE_SCHEMA, "key": key, "inputs": inputs,
-                                                          "result": result}))
+            write_text_atomic(self.path(key), json.dumps(entry))
         except OSError:
             pass
+
+
+def open_result_cache(directory: str | None) -> tuple[ResultCache | None, str | None]:
+    """The cache at `directory` with this user's key: `(None, None)` without a folder (the cache is off),
+    `(None, why)` when there is no usable cache key (`tpaudit.sources.cache_key.cache_key`)."""
+    from ...sources.cache_key import cache_key
+
+    if not directory:
+        return None, None
+    key, problem = cache_key()
+    if key is None:
+        return None, f"the cache is not used: {problem}"
+    return ResultCache(directory, key), None

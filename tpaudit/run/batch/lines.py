@@ -47,6 +47,9 @@ class BatchResult:
             the source could not be read.
         key (`str`, *optional*): the cache key (`result_key`); `None` when the line is not cacheable.
         cached (`bool`): the line was served from the cache or from the OUT file of an interrupted run.
+        cache_problem (`str`, *optional*): why a computed line was not served from the cache although it was asked:
+            its entry was refused (not authenticated by this user's cache key, copied, corrupt, a FIFO), or there is
+            no usable cache key. In the JSON line only when set.
     """
 
     model: str
@@ -68,6 +71,7 @@ class BatchResult:
     model_sha256: str | None = None
     key: str | None = None
     cached: bool = False
+    cache_problem: str | None = None
 
     @property
     def id(self) -> tuple[str, int, int]:
@@ -94,7 +98,8 @@ class BatchResult:
                 "replicated_bytes": self.replicated_bytes, "errors": self.errors, "warnings": self.warnings,
                 "notes": self.notes, "findings": list(self.findings), "seconds": round(self.seconds, 3),
                 "reason": self.reason, "architecture": self.architecture, "commit": self.commit,
-                "model_sha256": self.model_sha256, "key": self.key, "cached": self.cached}
+                "model_sha256": self.model_sha256, "key": self.key, "cached": self.cached,
+                **({"cache_problem": self.cache_problem} if self.cache_problem else {})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "BatchResult":
@@ -116,7 +121,8 @@ class BatchResult:
                    errors=data.get("errors", 0), warnings=data.get("warnings", 0), notes=data.get("notes", 0),
                    findings=tuple(data.get("findings") or ()), seconds=float(data.get("seconds") or 0.0),
                    reason=data.get("reason"), architecture=data.get("architecture"), commit=data.get("commit"),
-                   model_sha256=data.get("model_sha256"), key=data.get("key"), cached=data.get("cached", False))
+                   model_sha256=data.get("model_sha256"), key=data.get("key"), cached=data.get("cached", False),
+                   cache_problem=data.get("cache_problem"))
 
 
 EXIT_CODES = (0, 1, 2, 4)
@@ -197,7 +203,7 @@ def line_problem(data) -> str | None:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or \
             seconds < 0:
         return f"seconds {str(seconds)[:40]} is not a duration"
-    for name in ("reason", "architecture", "commit", "model_sha256", "key"):
+    for name in ("reason", "architecture", "commit", "model_sha256", "key", "cache_problem"):
         if data.get(name) is not None and not isinstance(data[name], str):
             return f"{name} is not a string"
     for name in ("model_sha256", "key"):

@@ -109,6 +109,9 @@ def compare(old: Iterable[BatchResult], new: Iterable[BatchResult], previous: st
                            removed=sum(1 for k in before if k not in after))
 
 
+CACHE_PROBLEMS_SHOWN = 5
+
+
 @dataclass(frozen=True)
 class BatchSummary:
     """A finished batch, counted: what every renderer draws (`tpaudit/report/batch.py`).
@@ -130,6 +133,9 @@ class BatchSummary:
         exit_code (`int`): 0, or 1 (see `batch_exit_code`).
         refused (`tuple[str, ...]`): (tp, ep) combinations left out, with transformers' reason.
         versions (`dict[str, str | None]`): tpaudit, transformers, torch.
+        cache_refused (`int`): computed lines whose cache entry was refused or for which the cache could not be
+            used (`BatchResult.cache_problem`).
+        cache_problems (`tuple[str, ...]`): their distinct reasons, at most `CACHE_PROBLEMS_SHOWN`.
     """
 
     results: tuple[BatchResult, ...]
@@ -147,6 +153,8 @@ class BatchSummary:
     exit_code: int
     refused: tuple[str, ...] = ()
     versions: dict[str, str | None] = field(default_factory=dict)
+    cache_refused: int = 0
+    cache_problems: tuple[str, ...] = ()
 
     @property
     def model_count(self) -> int:
@@ -165,7 +173,9 @@ class BatchSummary:
                 "computed": self.computed, "cached": self.cached, "seconds": round(self.seconds, 3),
                 "worst": [r.id for r in self.worst], "failed": [r.id for r in self.failed],
                 "comparison": self.comparison.to_json() if self.comparison else None, "exit_code": self.exit_code,
-                "refused": list(self.refused), "versions": self.versions}
+                "refused": list(self.refused), "versions": self.versions,
+                **({"cache_refused": self.cache_refused, "cache_problems": list(self.cache_problems)}
+                   if self.cache_refused else {})}
 
 
 def batch_exit_code(results: Sequence[BatchResult], comparison: BatchComparison | None = None, *,
@@ -233,4 +243,7 @@ def summarize(results: Iterable[BatchResult], *, pairs: Sequence[tuple[int, int]
         computed=sum(1 for r in results if not r.cached), cached=sum(1 for r in results if r.cached),
         seconds=seconds, worst=tuple(worst), failed=tuple(r for r in results if r.status == "error"),
         comparison=comparison, exit_code=batch_exit_code(results, comparison, strict=strict),
-        refused=tuple(refused), versions=installed_versions())
+        refused=tuple(refused), versions=installed_versions(),
+        cache_refused=sum(1 for r in results if r.cache_problem and not r.cached),
+        cache_problems=tuple(dict.fromkeys(r.cache_problem for r in results if r.cache_problem and not r.cached))
+        [:CACHE_PROBLEMS_SHOWN])

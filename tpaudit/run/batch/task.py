@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
 from ...errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
-from .cache import ResultCache, _key_of, installed_versions, key_inputs, model_sha256, plan_sha256
+from .cache import _key_of, installed_versions, key_inputs, model_sha256, open_result_cache, plan_sha256
 from .lines import BatchResult
 from .model_list import ModelRef, parse_model_ref
 
@@ -101,7 +101,8 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
     except Exception as e:  # noqa: BLE001 - an unreadable model is an error line, never a stopped batch
         seconds = time.perf_counter() - start
         return [_error_line(ref.text, tp, ep, e, seconds) for tp, ep in pairs]
-    cache = ResultCache(options.cache_dir) if options.cache_dir else None
+    cache, cache_off = open_result_cache(options.cache_dir)
+    problems: dict[tuple[int, int], str] = {p: cache_off for p in pairs} if cache_off else {}
     found = installed_versions()
     plan_digest = plan_sha256(options.plan)
     inputs = {(tp, ep): key_inputs(model_sha256=digest, tp_size=tp, ep_size=ep, plan_sha256=plan_digest,
@@ -110,7 +111,9 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
     lines: dict[tuple[int, int], BatchResult] = {}
     if cache is not None and options.read_cache:
         for pair, key in keys.items():
-            stored = cache.get(key, inputs[pair])  # validated: anything that does not check out is recomputed
+            stored, problem = cache.lookup(key, inputs[pair])  # anything that does not check out is recomputed
+            if problem:
+                problems[pair] = problem
             if stored is not None:
                 lines[pair] = replace(BatchResult.from_json(stored), model=ref.text, cached=True,
                                       commit=source.commit)
@@ -134,7 +137,7 @@ def audit_model(model: ModelRef | str, pairs: Sequence[tuple[int, int]],
             line = _line_from_report(ref.text, outcome, seconds, **common)
         if cache is not None and line.key is not None:
             cache.put(line.key, replace(line, model="", cached=False, commit=None).to_json(), inputs[(tp, ep)])
-        lines[(tp, ep)] = line
+        lines[(tp, ep)] = replace(line, cache_problem=problems.get((tp, ep)))
     return [lines[p] for p in pairs]
 
 
