@@ -136,3 +136,21 @@ def test_a_config_json_larger_than_the_cap_is_refused_before_its_download(model_
         gets = [r for r in hub.requests if r.file == "config.json" and r.method == "GET"]
     assert_one_error(proc, "config.json", f"{17 * 2**20:,} B", f"{16 * 2**20:,} B")
     assert gets == []
+
+
+def hang_up(handler, head, path) -> bool:
+    """Reads the request, then closes the connection without a byte of answer."""
+    if _is_probe(path):
+        return False
+    handler.close_connection = True
+    return True
+
+
+def test_an_endpoint_that_closes_without_answering(model_dir, tmp_path):
+    """A server that hangs up on every request after the probe: an input error naming the endpoint and what it did
+    (exit 2), not an internal error (exit 4)."""
+    with FakeHub(intercept=hang_up) as hub:
+        hub.add("acme/model", model_dir)
+        proc = check(hub, tmp_path)
+        url = hub.url
+    assert_one_error(proc, "acme/model", url, "closed the connection without answering")

@@ -283,12 +283,21 @@ def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint:
     if isinstance(e, hf.HfHubHTTPError):
         raise HubError(f"cannot read {at}: {endpoint} answered HTTP {status}. Retry later or check HF_ENDPOINT",
                        repo_id=repo_id, revision=revision) from None
-    # httpx transport errors: connection refused, DNS, timeouts
+    # httpx transport errors: connection refused, DNS, timeouts; a server that hangs up or does not speak HTTP
     name = type(e).__name__
+    names = {cls.__name__ for cls in type(e).__mro__}
+    if names & {"RemoteProtocolError", "RemoteDisconnected", "IncompleteRead"}:
+        raise HubConnectionError(f"cannot read {at}: {endpoint} closed the connection without answering for {what} "
+                                 f"({name}: {shorten(str(e), 120)}). Check HF_ENDPOINT (it must serve the Hub's "
+                                 "API); retry later", repo_id=repo_id, revision=revision) from None
     if "Timeout" in name or "Connect" in name or "Network" in name or isinstance(e, (ConnectionError, TimeoutError)):
         kind = "timed out" if "Timeout" in name or isinstance(e, TimeoutError) else "is unreachable"
         raise HubConnectionError(f"cannot read {at}: {endpoint} {kind} ({name}). Check the network or HF_ENDPOINT; "
                                  "HF_HUB_OFFLINE=1 uses the cache", repo_id=repo_id, revision=revision) from None
+    if names & {"ProtocolError", "DecodingError", "TransportError", "HTTPException"}:
+        raise HubConnectionError(f"cannot read {at}: {endpoint} did not answer {what} in HTTP ({name}: "
+                                 f"{shorten(str(e), 120)}). Check HF_ENDPOINT (it must serve the Hub's API)",
+                                 repo_id=repo_id, revision=revision) from None
     raise e
 
 
