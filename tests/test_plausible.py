@@ -56,6 +56,43 @@ def test_values_that_make_no_model_are_input_errors(tmp_path, base, change, need
     assert_config_error(proc, needle, "Fix the config")
 
 
+def _granite_parameters(c) -> int:
+    """Granite's parameters from its config, as its modeling code declares them: a tied embedding (vocab x hidden),
+    per layer q and o (hidden x hidden), k and v (KV heads x head dim, by hidden), gate, up and down (intermediate x
+    hidden each), two norms (hidden each); a final norm."""
+    h, i, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    return c["vocab_size"] * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h) + h
+
+
+@pytest.mark.parametrize("change", [
+    # every size at its cap: 8 * 10^18 parameters, a 16-exabyte model in bfloat16, each size plausible alone (slow:
+    # 4096 layers are built on the meta device first)
+    pytest.param({"hidden_size": 2**24, "intermediate_size": 2**24, "vocab_size": 2**24, "num_hidden_layers": 4096,
+                  "num_attention_heads": 2**20, "num_key_value_heads": 2**20}, marks=pytest.mark.slow),
+    # one layer just over the bound: 2^24 wide, 2^21 intermediate
+    {"hidden_size": 2**24, "intermediate_size": 2**21, "vocab_size": 2**10, "num_hidden_layers": 1,
+     "num_attention_heads": 2**16, "num_key_value_heads": 2**16},
+])
+def test_a_model_larger_than_any_real_one_is_an_input_error(tmp_path, change):
+    config = {**GRANITE, **change}
+    expected = _granite_parameters(config)
+    assert expected > 10**14
+    assert_config_error(run_main("check", model_dir(tmp_path, config), "--tp", "2", "--no-parity"),
+                        f"makes a model of {expected:,} parameters", "100,000,000,000,000")
+
+
+def test_the_largest_real_models_stay_under_the_bound(tmp_path):
+    """A granite as large as the biggest published checkpoints and then some (about 2.2 trillion parameters) still
+    builds and is judged; the bound sits a factor of 50 above them."""
+    config = {**GRANITE, "hidden_size": 2**15, "intermediate_size": 2**18, "num_hidden_layers": 80,
+              "num_attention_heads": 2**8, "num_key_value_heads": 2**3}
+    assert 10**12 < _granite_parameters(config) < 10**14
+    proc = run_main("check", model_dir(tmp_path, config), "--tp", "2", "--no-parity", "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert json.loads(proc.stdout)["total_param_bytes"] == 2 * _granite_parameters(config)   # bfloat16
+
+
 def test_torch_dtype_of_the_wrong_kind_is_named_too(tmp_path):
     config = {k: v for k, v in GRANITE.items() if k != "dtype"}
     config["torch_dtype"] = 7   # transformers reads the older spelling into `dtype`

@@ -346,7 +346,7 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
     config = copy.deepcopy(options.config) if options.config is not None else \
         load_config(source, trust_remote_code=options.trust_remote_code)
     owner, owner_path = tf.text_config(config)
-    from .plausible import check_plausible
+    from .plausible import check_plausible, check_plausible_total
 
     check_plausible(config, owner, owner_path, where, source.config_path)
     original_plan = dict(options.plan_override) if options.plan_override is not None else tf.base_plan(owner)
@@ -374,6 +374,9 @@ def build_model(source: ModelSource, options: BuildOptions | None = None) -> Bui
         gpu_view = bool(getattr(quantizer, "_tpaudit_gpu_view", False)) and not dequantize and \
             tf.host_dequantizes(quantizer)
         qinfo = QuantizationInfo(qinfo.method, qinfo.quantizer, ran=True, dequantize=dequantize, gpu_view=gpu_view)
+    tied = tf.tied_keys(model)  # tied copies counted once, as the report's total counts them
+    check_plausible_total((shape for name, shape, _, _ in tf.parameter_table(model) if name not in tied), where,
+                          source.config_path)
     if qinfo is not None:
         notes.append(_quantization_note(qinfo, source))
     if options.instance_plans:

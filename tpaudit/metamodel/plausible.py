@@ -19,7 +19,8 @@ One rule per role, the same for every attribute of that role:
 - the plans (`base_model_tp_plan`, `base_model_ep_plan`): null or a map of rule -> style strings.
 
 They apply to the top-level config and to the config that owns the base model's plan (the text config of a
-composite model). transformers' default config of every model type passes them (`tests/test_plausible.py`).
+composite model). Once the model is built on the meta device, its parameter count must be at most `MAX_PARAMETERS`
+(`check_plausible_total`): sizes each within their bound can still multiply into a model no one has. transformers' default config of every model type passes them (`tests/test_plausible.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ MAX_WIDTH = 2**24
 """Widest size accepted (16,777,216): real hidden sizes stay below 32,768 and vocabularies below 2,000,000."""
 MAX_COUNT = 2**20
 """Most heads or experts accepted (1,048,576): real models have up to a few hundred of either."""
+MAX_PARAMETERS = 10**14
+"""Most parameters accepted in the whole model (100 trillion): the largest published checkpoints hold about 1 to 2
+trillion (Kimi K2: 1.04 T, DeepSeek-V3: 671 B), so this leaves a factor of 50. Each size can be plausible alone
+while their product is not: hidden, intermediate and vocab at `MAX_WIDTH` with `MAX_LAYERS` layers make 8 * 10^18
+parameters (a 16-exabyte model in bfloat16)."""
 
 # The attribute names come from the one vocabulary table (`metamodel/vocabulary.py`), by role. The canonical spelling of
 # the roles every model has must be positive when set; every other spelling (and the optional roles: shared experts, MLA
@@ -191,3 +197,23 @@ def _is_float_dtype(value) -> bool:
     if isinstance(value, str):
         value = getattr(torch, value.removeprefix("torch."), None)
     return isinstance(value, torch.dtype) and value.is_floating_point
+
+
+def check_plausible_total(parameter_shapes, where: str, path: str | None) -> None:
+    """Refuse a model with more parameters than any real one (`MAX_PARAMETERS`).
+
+    Args:
+        parameter_shapes (`Iterable[tuple[int, ...]]`): the shape of every parameter of the model built on the meta
+            device, tied copies once (from `backend().parameter_table`, i.e. `model.named_parameters()`, less the
+            copies `backend().tied_keys` names).
+        where (`str`): the config's path or reference, for the message.
+        path (`str`, *optional*): `config.json`'s path (the error's `path`).
+
+    Raises:
+        ConfigError: the parameters number more than `MAX_PARAMETERS`; the message gives the count and the bound.
+    """
+    total = sum(math.prod(shape) for shape in parameter_shapes)
+    if total > MAX_PARAMETERS:
+        raise ConfigError(f"{where}: the config makes a model of {total:,} parameters ({total:.2g}), more than any "
+                          f"real model (tpaudit's bound: {MAX_PARAMETERS:,}, 100 trillion); its sizes are each "
+                          "plausible, their product is not", fix=FIX_CONFIG, path=path)
