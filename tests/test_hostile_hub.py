@@ -154,3 +154,43 @@ def test_an_endpoint_that_closes_without_answering(model_dir, tmp_path):
         proc = check(hub, tmp_path)
         url = hub.url
     assert_one_error(proc, "acme/model", url, "closed the connection without answering")
+
+
+def test_a_batch_stops_asking_an_endpoint_that_missed_its_deadline(tmp_path):
+    """Three models on an endpoint that answers the probe and then stalls: the first model waits out the deadline;
+    the next two are not requested at all, and their lines say which earlier model the endpoint failed. The server's
+    own log of requests is the witness (none names the later models)."""
+    import json
+
+    from conftest import run_env
+
+    asked: list[str] = []
+
+    def stall_and_log(handler, head, path) -> bool:
+        if _is_probe(path):
+            return False
+        asked.append(path)
+        time.sleep(30)
+        return True
+
+    model = tmp_path / "repo"
+    model.mkdir()
+    (model / "config.json").write_text(GRANITE_CONFIG)
+    listing = tmp_path / "list.txt"
+    listing.write_text("acme/first\nacme/second\nacme/third\n")
+    out = tmp_path / "out.jsonl"
+    with FakeHub(intercept=stall_and_log) as hub:
+        for name in ("first", "second", "third"):
+            hub.add(f"acme/{name}", model)
+        env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "",
+               "TPAUDIT_HUB_TIMEOUT": str(DEADLINE), "TPAUDIT_CACHE": str(tmp_path / "cache")}
+        proc = run_env("batch", str(listing), "--tp", "2", "-o", str(out), "--jobs", "1", env=env)
+    lines = {d["model"]: d for d in map(json.loads, out.read_text().splitlines())}
+    assert proc.returncode == 0, proc.stderr                     # error lines fail a batch only with --strict
+    assert all(d["status"] == "error" and d["exit_code"] == 2 for d in lines.values())
+    assert f"within {DEADLINE} s" in lines["acme/first"]["reason"]
+    for name in ("second", "third"):
+        reason = lines[f"acme/{name}"]["reason"]
+        assert f"not asked again: it did not finish answering within {DEADLINE} s (TPAUDIT_HUB_TIMEOUT) for acme/first " \
+            "earlier in this batch" in reason, reason
+    assert asked and not any("/acme/second/" in p or "/acme/third/" in p for p in asked), asked

@@ -25,6 +25,7 @@ costs at most the cap.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -74,6 +75,41 @@ class _DeadlineExceeded(TimeoutError):
 
 class _TooLarge(Exception):
     """An answer longer than the cap: `args` = (what, cap)."""
+
+
+_missed: dict[str, str] | None = None
+"""While a batch runs (`remembering_missed_endpoints`): endpoint -> why it is not asked again (it missed its deadline,
+or refused connections, for an earlier model). `None` outside a batch: each `check` asks the endpoint afresh."""
+
+
+@contextlib.contextmanager
+def remembering_missed_endpoints():
+    """Within the block (a batch, in this process), an endpoint that misses its deadline or refuses connections for
+    one model is not asked again for the next ones: they are read from the local caches as when it refuses
+    connections, or fail at once with a line saying which earlier model it failed (instead of each waiting the whole
+    `TPAUDIT_HUB_TIMEOUT`). Nested blocks share the outer memory; a batch's worker processes keep theirs for their
+    life (`remember_missed_endpoints`)."""
+    global _missed
+    outer = _missed
+    if outer is None:
+        _missed = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _missed = None
+
+
+def remember_missed_endpoints() -> None:
+    """From now on in this process, remember missed endpoints (a batch worker process, which only runs a batch)."""
+    global _missed
+    if _missed is None:
+        _missed = {}
+
+
+def _remember_missed(endpoint: str, why: str) -> None:
+    if _missed is not None:
+        _missed.setdefault(endpoint, why)
 
 
 def _deadline() -> float:
@@ -460,7 +496,14 @@ def load_hub(repo_id: str, *, revision: str | None = None, token: str | None = N
         return _within(budget, lambda: _load(repo_id, revision, token, progress, endpoint, offline, budget),
                        "config.json and the safetensors headers")
     except _DeadlineExceeded as e:
+        _remember_missed(endpoint, f"it did not finish answering within {_deadline():g} s ({DEADLINE_ENV}) for "
+                                   f"{repo_id} earlier in this batch")
         _raise_hub_error(e, repo_id, revision, endpoint, "config.json")
+    except HubConnectionError as e:
+        if "within" in str(e) and DEADLINE_ENV in str(e):  # a deadline missed inside (a header read)
+            _remember_missed(endpoint, f"it did not finish answering within {_deadline():g} s ({DEADLINE_ENV}) for "
+                                       f"{repo_id} earlier in this batch")
+        raise
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -487,6 +530,23 @@ def _refuse_oversized(repo_id: str, filename: str, revision: str | None, token, 
                               f"{filename} is not what a model repo holds", path=label)
 
 
+def _cached_config(repo_id: str, revision: str | None, endpoint: str, missed: str) -> str:
+    """`config.json` from huggingface_hub's cache for an endpoint not asked again (`_missed`), read from the file
+    system only: even a `local_files_only` download builds a user agent that may wait on a request to the endpoint.
+
+    Raises:
+        HubConnectionError: the config is not in the cache (the message says why the endpoint was not asked).
+    """
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=_hub_cache(), revision=revision)
+    if isinstance(found, str):
+        return found
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    raise HubConnectionError(f"cannot read {at}: {endpoint} was not asked again: {missed}; config.json is not in the "
+                             "local cache. Check the network or HF_ENDPOINT", repo_id=repo_id, revision=revision)
+
+
 def _load(repo_id, revision, token, progress, endpoint, offline, budget: _Budget) -> ModelSource:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.utils import disable_progress_bars
@@ -494,15 +554,22 @@ def _load(repo_id, revision, token, progress, endpoint, offline, budget: _Budget
     from .local import read_config
     from .snapshot import load_snapshot, write_snapshot
 
-    down = None if offline else _refuses_connections(endpoint)
+    missed = None if offline else (_missed or {}).get(endpoint)
+    if missed is not None:
+        config_file = _cached_config(repo_id, revision, endpoint, missed)
+    down = None if offline else missed or _refuses_connections(endpoint)
+    if down is not None and not offline:
+        _remember_missed(endpoint, f"{down}, for an earlier model of this batch")
     if not offline and down is None:
         from .files import CONFIG_MAX_BYTES
 
         _refuse_oversized(repo_id, "config.json", revision, token, endpoint, CONFIG_MAX_BYTES, "config.json", budget)
     try:
         # an endpoint that refuses connections: the cache answers, as huggingface_hub's own fallback does
-        config_file = hf_hub_download(repo_id, "config.json", revision=revision, token=token, endpoint=endpoint,
-                                      cache_dir=_hub_cache(), local_files_only=offline or down is not None)
+        if missed is None:
+            config_file = hf_hub_download(repo_id, "config.json", revision=revision, token=token,
+                                          endpoint=endpoint, cache_dir=_hub_cache(),
+                                          local_files_only=offline or down is not None)
     except Exception as e:  # noqa: BLE001 - translated into one-line errors, re-raised otherwise
         if down is not None:
             at = f"{repo_id}@{revision}" if revision else repo_id

@@ -197,8 +197,11 @@ def _generate(refs: list[ModelRef], pairs: list[tuple[int, int]], options: TaskO
             tasks.append((ref, todo))
     if not tasks:
         return
-    for lines in _run(tasks, options, jobs, executor, ray_address):
-        yield from lines
+    from ...sources.hub import remembering_missed_endpoints
+
+    with remembering_missed_endpoints():  # a dead endpoint costs one deadline, not one per model
+        for lines in _run(tasks, options, jobs, executor, ray_address):
+            yield from lines
 
 
 def order_results(results: Iterable[BatchResult], models: Sequence[str | ModelRef],

@@ -165,6 +165,9 @@ def _worker_init() -> None:
 
     tune_gc(long_lived=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from ...sources.hub import remember_missed_endpoints
+
+    remember_missed_endpoints()  # an endpoint that missed its deadline is not asked again by this worker
 
 
 # ----------------------------------------------------------------------------------------------------------------------
