@@ -111,3 +111,42 @@ def test_zero_weights_from_a_snapshot(tiny, tmp_path):
     assert [r["rank"] for r in out["ranks"]] == [0, 1]
     for r in out["ranks"]:
         assert r["measured_param_bytes"] == r["predicted_param_bytes"] > 0
+
+
+def _tiny_moe_rank_bytes(experts_whole: bool) -> int:
+    """Bytes one of 2 ranks holds of the tiny qwen3_moe above, from its config (float32, 4 B): attention q/k/v/o,
+    the embedding and lm_head split in halves; q_norm/k_norm, layer norms and the router whole; the fused experts
+    gate_up [4, 2 x 32, 64] and down [4, 64, 32] split in halves (by the TP plan of 5.23/5.24, or by expert with
+    --ep 2), or whole on both ranks (transformers 5.25 at tp only: its plan has no expert rules)."""
+    hidden, heads, kv_heads, head_dim, vocab, layers = 64, 4, 2, 16, 128, 2
+    experts, moe_inter = 4, 32
+    attention = (2 * heads * head_dim * hidden + 2 * kv_heads * head_dim * hidden) // 2 + 2 * head_dim
+    norms, router = 2 * hidden, experts * hidden
+    expert_params = experts * (2 * moe_inter * hidden + hidden * moe_inter)
+    per_layer = attention + norms + router + (expert_params if experts_whole else expert_params // 2)
+    whole_model = 2 * vocab * hidden // 2 + hidden
+    return 4 * (whole_model + layers * per_layer)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_tiny_moe_at_tp_only_and_with_ep_loads_as_predicted(tiny, ep):
+    """A real 2-rank gloo load of the tiny qwen3_moe, at tp 2 alone and at tp 2 with ep 2: the measured bytes are the
+    prediction, and both are the figure worked out from the config. Under transformers 5.25 tp alone holds every
+    expert whole on both ranks (its plan has no expert TP rules: TPA001, exit 1 for `check`); with ep 2 the experts
+    are split by expert and the check is clean."""
+    from releases import EXPERTS_IN_TP_PLANS
+
+    args = ["--tp", "2"] + (["--ep", "2"] if ep > 1 else [])
+    proc = run_cli("verify", str(tiny / "moe"), *args, "--device", "cpu", "--format", "json")
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    out = json.loads(proc.stdout)
+    assert out["match"] is True and out["mismatches"] == []
+    expected = _tiny_moe_rank_bytes(experts_whole=ep == 1 and not EXPERTS_IN_TP_PLANS)
+    assert [r["measured_param_bytes"] for r in out["ranks"]] == [expected, expected]
+    check = run_cli("check", str(tiny / "moe"), *args, "--format", "json")
+    errors = [f["target"] for f in json.loads(check.stdout)["findings"] if f["severity"] == "error"]
+    if ep == 1 and not EXPERTS_IN_TP_PLANS:
+        assert check.returncode == 1 and sorted(errors) == [f"model.layers.*.mlp.experts.{p}"
+                                                            for p in ("down_proj", "gate_up_proj")]
+    else:
+        assert check.returncode == 0 and errors == [], check.stdout[-2000:]

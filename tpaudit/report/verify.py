@@ -22,6 +22,8 @@ def render_terminal(result: VerifyResult, console, *, unit: str = "GiB", limit: 
     verdict = Text("match" if result.match else "MISMATCH", style="bold green" if result.match else "bold red")
     console.print(Text(f"tpaudit verify · {inert(result.model.get('ref'))} · tp_size {result.tp_size}, ep_size "
                        f"{result.ep_size} · ", style="bold") + verdict)
+    if result.versions.get("untested"):  # as every command says it (check, size, scan)
+        console.print(Text("transformers: " + inert(result.versions["untested"]), style="yellow"))
     t = Table(header_style="bold")
     for col in ("rank", "predicted param bytes", "measured param bytes", "diff", "allocated", "load s"):
         t.add_column(col, justify="right")
