@@ -177,6 +177,45 @@ def test_style_placements_are_transformers_own(style):
     assert gathered == style_gathers_output(style)
 
 
+# The transformers class behind each style family (`distributed/tensor_parallel.py`, `expert_parallel.py`)
+_FAMILY_CLASSES = {
+    "COLWISE_FAMILY": {"ColwiseParallel", "PackedColwiseParallel"},
+    "ROWWISE_FAMILY": {"RowwiseParallel", "PackedRowwiseParallel"},
+    "EMBEDDING": {"EmbeddingParallel"},
+    "NO_OP": {"TensorParallelLayer", "ReplicatedWithGradAllReduce"},
+    "EXPERTS_MODULE": {"MoeExpertsParallel", "EpDispatchExpertsParallel"},
+    "EXPLICIT_REPLICATE": {"TensorParallelLayer", "ReplicatedWithGradAllReduce", "SequenceParallel",
+                           "MlaKvAProjParallel", "AllReduceParallel", "MoeIdentityParallel"},
+}
+
+
+def test_the_style_vocabulary_is_the_installed_registry():
+    """The release line's style names are the keys transformers registers, and each family of `compat.styles` holds
+    exactly the registered styles of its transformers classes (by class name, read from the registry)."""
+    import transformers.distributed.expert_parallel  # noqa: F401 - fills the EP styles when imported
+    import transformers.distributed.tensor_parallel  # noqa: F401 - fills the TP styles when imported
+    from torch.distributed.tensor import Replicate
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+
+    from tpaudit.compat import backend
+    from tpaudit.compat.styles import vocabulary
+
+    styles = vocabulary()
+    assert styles is backend().STYLES
+    assert styles.REGISTERED == set(ALL_PARALLEL_STYLES), (
+        f"the {styles.LINE} line's styles differ from transformers {backend().versions['transformers']}'s: "
+        f"{sorted(styles.REGISTERED ^ set(ALL_PARALLEL_STYLES))}")
+    for family, classes in _FAMILY_CLASSES.items():
+        theirs = {name for name, impl in ALL_PARALLEL_STYLES.items() if type(impl).__name__ in classes}
+        assert getattr(styles, family) == theirs, family
+    gathered = {name for name in styles.COLWISE_FAMILY
+                if getattr(ALL_PARALLEL_STYLES[name], "output_layouts", None) == Replicate()}
+    assert styles.GATHERED_OUTPUT == gathered
+    assert styles.SPLIT_OUTPUT == styles.COLWISE_FAMILY - gathered
+    assert styles.OWN_SPLIT == styles.COLWISE_FAMILY | styles.ROWWISE_FAMILY | styles.EMBEDDING
+    assert styles.LAST_DIM == {n for n in styles.ROWWISE_FAMILY if n in ("rowwise", "packed_rowwise")}
+
+
 _SHARD_CASES = [  # (parameter shape, placement, checkpoint tensor shape, tensor_idx)
     ((4, 96, 64), ("strided_shard", 1, 2), (48, 64), 1),     # per-expert piece of packed_colwise fused experts
     ((4, 96, 64), ("strided_shard", 1, 2), (4, 64, 96), None),  # a stored [E, H, 2I] tensor, sliced before Transpose

@@ -9,6 +9,7 @@ break only when that path runs, is checked too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpaudit"
@@ -135,6 +136,45 @@ def test_only_the_seam_touches_torch_or_transformers_internals():
                 if isinstance(root, ast.Name) and root.id in ("torch", "transformers"):
                     offenders.append(f"{name}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+# Every key of transformers' `ALL_PARALLEL_STYLES` in 5.23, 5.24 and 5.25 (`distributed/tensor_parallel.py` and
+# `distributed/expert_parallel.py`), written out here so the test does not read them from the seam it polices.
+STYLE_NAMES = ("colwise", "colwise_gather_output", "colwise_rep", "packed_colwise", "unit_colwise", "rowwise",
+               "rowwise_split_input", "rowwise_rep", "packed_rowwise", "unit_rowwise", "embedding_rowwise",
+               "embedding_colwise", "replicate", "replicated_with_grad_allreduce", "sequence_parallel",
+               "mla_kv_a_proj", "all_reduce", "moe_identity_expert", "moe_tp_experts", "local_params", "grouped_gemm",
+               "ep_dispatch_experts")
+_STYLE_WORD = re.compile(r"(?<![\w.])(" + "|".join(sorted(STYLE_NAMES, key=len, reverse=True)) + r")(?!\w)")
+
+
+def _style_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """`(line, text)` of every string constant that is not documentation (a bare string statement: module, class and
+    function docstrings, attribute notes) and names a parallel style, whole or as a word of a message."""
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and _STYLE_WORD.search(n.value)]
+
+
+def test_no_style_name_outside_the_seam():
+    """A parallel style name (`"colwise"`, `"packed_colwise"`, ...) is written only in `tpaudit/compat/`
+    (`compat/styles.py`): a release that renames, adds or drops a style is then one module. Messages name styles
+    through the seam's constants too; docstrings may show them."""
+    offenders = []
+    for name, path in sorted(MODULES.items()):
+        if name.startswith("tpaudit.compat"):
+            continue
+        for line, text in _style_literals(ast.parse(path.read_text(encoding="utf-8"))):
+            offenders.append(f"{name}:{line} {text[:80]!r}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_style_literal_test_sees_a_literal():
+    """The scan above catches a style name as a whole string, inside a message, and not in a docstring."""
+    tree = ast.parse('''"""Use `colwise` here."""\nA = "packed_colwise"\nB = f"Use `{k}: rowwise_split_input` or so"\n'''
+                     '''C = "layers.colwise_x"\n''')
+    assert [line for line, _ in _style_literals(tree)] == [2, 3]
 
 
 def test_a_long_module_says_why_it_is_long():

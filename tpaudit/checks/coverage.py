@@ -6,6 +6,7 @@ import difflib
 from collections import defaultdict
 from typing import Iterable
 
+from ..compat.styles import is_embedding_style, is_experts_module_style
 from ..metamodel import vocabulary as V
 from ..metamodel.mapping import QUANT_LEAVES, QUANT_SUFFIXES, is_quant_tensor_name
 from ..model import Finding, FindingSubject, FixOption, ParamGroup, why_unsharded
@@ -218,7 +219,7 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
     `mlp.experts` and fused the experts, and every rank kept all experts (huggingface/transformers#42236).
 
     **Example**
-    `"layers.*.mlp.gate_proj": "colwise"` in a model whose layers are all sparse MoE blocks.
+    `layers.*.mlp.gate_proj: colwise` in a model whose layers are all sparse MoE blocks.
 
     **Fix**
     Remove the rule, or rewrite its key to the runtime module path it was meant for (see the replicated weights of
@@ -285,9 +286,9 @@ def _closest(key: str, style: str, candidates: dict[str, str]) -> str | None:
     """The runtime name a rule was most likely meant for: one of the same kind as the rule's style (a linear style
     never points at a router or an experts container, an embedding style only at embeddings) whose last component
     is the rule's (`mlp.down_proj` -> `mlp.experts.down_proj`); the closest such by spelling, else none."""
-    if style.startswith("embedding"):
+    if is_embedding_style(style):
         kinds = {"embedding"}
-    elif style in ("moe_tp_experts", "ep_dispatch_experts"):
+    elif is_experts_module_style(style):
         kinds = {"experts"}
     else:
         kinds = {"linear"}
@@ -312,11 +313,11 @@ def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
     **Why it matters**
     Attention and MLP stay whole on every rank. gpt-oss-120b in transformers 5.23 has only `base_model_ep_plan`: with
     `tp_size=8` alone, everything but the `lm_head` is replicated on all 8 ranks; transformers 5.24 adds
-    `{"embed_tokens": "embedding_rowwise"}` to its plan, which shards the embedding and nothing else.
+    `embed_tokens: embedding_rowwise` to its plan, which shards the embedding and nothing else.
 
     **Example**
-    `GptOssConfig.base_model_tp_plan = {"embed_tokens": "embedding_rowwise"}` with
-    `GptOssForCausalLM._tp_plan = {"lm_head": "colwise_gather_output"}`.
+    `GptOssConfig.base_model_tp_plan` holding only `embed_tokens: embedding_rowwise`, with
+    `GptOssForCausalLM._tp_plan` holding only `lm_head: colwise_gather_output`.
 
     **Fix**
     Add attention and MLP rules to the config class's `base_model_tp_plan` (`tpaudit check --suggest` proposes

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
+from ..compat.styles import COLWISE_GATHER_OUTPUT
 from ..metamodel import vocabulary as V
 from ..model import Finding, ParamGroup
 from ._shapes import chunk, is_quant_companion, leaf_module, role
@@ -213,7 +214,7 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
                      f"heads' worth of key rows in {len(indices)} layer(s) ({_layers_text(indices)}), no rank a whole "
                      "number; the KV cache and the sharded attention disagree"),
             fix=f"Use a tp_size dividing {heads} ({valid}), or gather the key projection's output "
-                "(colwise_gather_output) so every rank holds all KV heads",
+                f"({COLWISE_GATHER_OUTPUT}) so every rank holds all KV heads",
             facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": heads / tp, "heads_by_rank": exact,
                    "layers": indices, "attribute": attr, "attribute_value": attr_value,
                    "transformers_kv_heads_per_rank": tf_answer})

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
+from ..compat.styles import (COLWISE, COLWISE_GATHER_OUTPUT, PACKED_COLWISE, ROWWISE, ROWWISE_SPLIT_INPUT,
+                             is_rowwise_named)
 from ..model import Finding, ParityResult, SplitOutput
 from ..metamodel import vocabulary as V
 from ._shapes import FUSED_GATE_UP, FUSED_QKV_LEAVES, chunk, leaf_module, local_logical, quant_units
@@ -35,7 +37,7 @@ def check_packed_layout(ctx: CheckContext) -> Iterable[Finding]:
     unpacks half a word: wrong outputs or a crash in the first forward, with no error at load.
 
     **Example**
-    `"layers.*.mlp.experts.gate_up_proj": "colwise"` instead of `packed_colwise`; a linear-attention
+    `layers.*.mlp.experts.gate_up_proj: colwise` instead of `packed_colwise`; a linear-attention
     `in_proj_qkv` (`[Q_all | K_all | V_all]`) split with plain `colwise`; a 4-bit AWQ `up_proj` whose output share is
     not a multiple of 8.
 
@@ -97,12 +99,12 @@ def _name_suspicions(ctx: CheckContext) -> Iterable[Finding]:
         leaf = leaf_module(p)
         fused = leaf in FUSED_GATE_UP or leaf in FUSED_QKV_LEAVES
         packed_dim = p.ndim - 2 if p.ndim >= 2 else 0
-        if fused and p.style == "colwise" and p.shard_dim == packed_dim and p.split_factor == 1:
+        if fused and p.style == COLWISE and p.shard_dim == packed_dim and p.split_factor == 1:
             seen.add(p.generic_name)
             parts = "gate and up" if leaf in FUSED_GATE_UP else "q, k and v"
             yield Finding(
                 code="TPA501", kind="packed_layout", severity="warning", target=p.generic_name,
-                message=(f"`{p.generic_name}` may pack {parts} along dim {packed_dim}, which rule `{p.rule}: colwise` "
+                message=(f"`{p.generic_name}` may pack {parts} along dim {packed_dim}, which rule `{p.rule}: {COLWISE}` "
                          f"cuts into contiguous shards (rank 0 gets rows 0..{p.local_shapes[0][packed_dim] - 1} of "
                          f"{p.global_shape[packed_dim]}); whether that scrambles the parts depends on the layout, "
                          "which the parity check did not confirm"),
@@ -143,19 +145,19 @@ def _undecided_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
     decided = _decided(parity)
     seen: set[str] = set()
     for s in parity.split:
-        if s.style != "colwise" or {s.module, s.rule} & decided or s.module in seen:
+        if s.style != COLWISE or {s.module, s.rule} & decided or s.module in seen:
             continue
         seen.add(s.module)
         verdict = parity.verdict(s.rule) or parity.verdict(s.module)
         why = verdict.why if verdict is not None else "the parity check has no verdict for it"
         yield Finding(
             code="TPA501", kind="packed_layout", severity="warning", target=s.rule or s.module,
-            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and "
+            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: {COLWISE}` as one matrix and "
                      f"the forward cuts its output into parts ({s.action}); the parity check could not decide "
                      f"whether this split keeps the parts together ({why})"),
             fix="Fix the errors above and run tpaudit check again, or run the check at a tp_size where the parity "
                 "check can run this module",
-            facts={"style": "colwise", "evidence": "trace", "confirmed": False, "why": why})
+            facts={"style": COLWISE, "evidence": "trace", "confirmed": False, "why": why})
     for f in _name_suspicions(ctx):
         module = f.target.rpartition(".")[0] if f.target.endswith((".weight", ".bias")) else f.target
         if module in seen or {module, f.target} & decided:
@@ -174,17 +176,17 @@ def _masked_suspicions(ctx: CheckContext, parity) -> Iterable[Finding]:
     blamed = {parity.first_divergent_module, parity.rule} - {None}
     seen: set[str] = set()
     for s in parity.split:
-        if s.style != "colwise" or {s.module, s.rule} & blamed or s.module in seen:
+        if s.style != COLWISE or {s.module, s.rule} & blamed or s.module in seen:
             continue
         seen.add(s.module)
         yield Finding(
             code="TPA501", kind="packed_layout", severity="warning", target=s.rule or s.module,
-            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: colwise` as one matrix and "
+            message=(f"`{s.module}` is split by `{ctx.relative_key(s.rule or s.module)}: {COLWISE}` as one matrix and "
                      f"the forward cuts its output into parts ({s.action}); the parity run failed first at "
                      f"`{parity.first_divergent_module}`, so it could not tell whether this split keeps the parts "
                      "together"),
             fix="Fix the error above and run tpaudit check again: the parity run then decides this one",
-            facts={"style": "colwise", "evidence": "trace", "confirmed": False,
+            facts={"style": COLWISE, "evidence": "trace", "confirmed": False,
                    "masked_by": parity.first_divergent_module})
     for f in _name_suspicions(ctx):
         module = f.target.rpartition(".")[0] if f.target.endswith((".weight", ".bias")) else f.target
@@ -215,8 +217,7 @@ The ranks either crash at the first forward (a shape mismatch) or, worse, return
 a missing all-reduce leaves each rank with a partial sum, and nothing fails at load.
 
 **Example**
-`{"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise", "layers.*.self_attn.v_proj":
-"colwise", "layers.*.self_attn.o_proj": "colwise"}`: `o_proj` receives each rank's heads but splits its output
+`layers.*.self_attn.q_proj`, `k_proj`, `v_proj` and `o_proj` all `colwise`: `o_proj` receives each rank's heads but splits its output
 instead of reducing its input, and the forward fails with `mat1 and mat2 shapes cannot be multiplied`.
 
 **Fix**
@@ -257,6 +258,10 @@ def _explained_by_head_counts(ctx: CheckContext, blamed: str | None) -> bool:
 # ----------------------------------------------------------------------------------------------------------------------
 # The findings a parity result is evidence for (the text of TPA501 / TPA502 from the typed result)
 # ----------------------------------------------------------------------------------------------------------------------
+_PAIR_THE_STYLES = (f"Pair the styles: a {COLWISE} projection feeds a {ROWWISE} one that reduces it; a module fed a "
+                    f"whole input is {COLWISE} (or {ROWWISE_SPLIT_INPUT}); split heads only where tp_size divides them")
+
+
 def _relative(key: str | None, text_prefix: str) -> str | None:
     if key and text_prefix and key.startswith(text_prefix + "."):
         return key[len(text_prefix) + 1:]
@@ -267,10 +272,10 @@ def _packed_fix(split: SplitOutput | None, key: str) -> str:
     """What to write instead, from the traced layout of the output (`SplitOutput.cut`, `parts`)."""
     if split is not None and split.cut == "groups":
         return (f"Split whole heads only: keep `{key}` on a tp_size that divides its heads, or use "
-                f"`{key}: colwise_gather_output`")
+                f"`{key}: {COLWISE_GATHER_OUTPUT}`")
     if split is not None and len(split.parts) == 2 and split.parts[0] == split.parts[1]:
-        return f"Use `{key}: packed_colwise` (two equal halves, each split across ranks)"
-    return f"Use `{key}: colwise_gather_output` (every rank keeps the whole output) and split the next module's input"
+        return f"Use `{key}: {PACKED_COLWISE}` (two equal halves, each split across ranks)"
+    return f"Use `{key}: {COLWISE_GATHER_OUTPUT}` (every rank keeps the whole output) and split the next module's input"
 
 
 def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Finding]:
@@ -331,7 +336,7 @@ def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Find
     if result.rule is None and result.input_split:
         message = (f"`{module}` receives a split input but no rule splits it (no reduction): the sharded forward of "
                    f"{small} diverges {where} ({how})")
-        fix = f"Add `{_relative(module, text_prefix)}: rowwise` so that it reduces the split input"
+        fix = f"Add `{_relative(module, text_prefix)}: {ROWWISE}` so that it reduces the split input"
     elif result.rule is None:
         message = (f"the sharded forward of {small} diverges {where} ({how}), in `{module}`, which no rule splits "
                    "and which used no split weight: a parameter it reads per head or per feature is not split "
@@ -341,12 +346,11 @@ def parity_findings(result: ParityResult, *, text_prefix: str = "") -> list[Find
         message = (f"`{key}: {result.style}` does not fit how the model uses `{module}`: the sharded forward of "
                    f"{small} diverges {where} ({how})")
         if result.input_split is True:
-            fix = f"Use `{key}: rowwise`: its input arrives split by the colwise projections before it"
-        elif result.input_split is False and result.style and result.style.startswith("rowwise"):
-            fix = f"Use `{key}: colwise` (its input arrives whole), or `rowwise_split_input` to split it first"
+            fix = f"Use `{key}: {ROWWISE}`: its input arrives split by the {COLWISE} projections before it"
+        elif result.input_split is False and is_rowwise_named(result.style):
+            fix = f"Use `{key}: {COLWISE}` (its input arrives whole), or `{ROWWISE_SPLIT_INPUT}` to split it first"
         else:
-            fix = ("Pair the styles: a colwise projection feeds a rowwise one that reduces it; a module fed a whole "
-                   "input is colwise (or rowwise_split_input); split heads only where tp_size divides them")
+            fix = _PAIR_THE_STYLES
     return [Finding(code="TPA502", kind="style_mismatch", severity="error", target=result.rule or module,
                     message=message, fix=fix, facts=facts)]
 
@@ -359,11 +363,11 @@ def _layout_fix(v, key: str, tp_size: int, text_prefix: str = "") -> str:
     """What to write instead of a split that scrambles the parts of its output, from the traced layout and the style
     the re-run matched with (and the partners that style needs)."""
     split = v.split
-    style = v.fix_style if v.fix_style and v.fix_style != "packed_colwise" else "colwise_gather_output"
+    style = v.fix_style if v.fix_style and v.fix_style != PACKED_COLWISE else COLWISE_GATHER_OUTPUT
     partners = (" with " + ", ".join(f"`{_relative(k, text_prefix)}: {st}`" for k, st in v.fix_partners)
                 if v.fix_partners else "")
-    if v.fix_style == "packed_colwise":
-        return (f"Use `{key}: packed_colwise`: its output is {len(split.parts) if split else 2} equal blocks, each "
+    if v.fix_style == PACKED_COLWISE:
+        return (f"Use `{key}: {PACKED_COLWISE}`: its output is {len(split.parts) if split else 2} equal blocks, each "
                 "split across ranks (the sharded forward then matches)")
     if split is not None and split.cut == "groups":
         parts = f"{len(split.parts)} parts" if len(split.parts) > 1 else "parts"
@@ -375,24 +379,23 @@ def _layout_fix(v, key: str, tp_size: int, text_prefix: str = "") -> str:
                     f"whole groups ({', '.join(map(str, sizes))}; tp_size {max(v.tp_sizes_ok)} re-run clean): {whole}")
         return (f"Use `{key}: {style}`{partners}: {whole}, and no smaller tp_size that divides it ran clean either "
                 "(the forward also needs the whole output)")
-    if split is not None and len(split.parts) == 2 and split.parts[0] == split.parts[1] and v.style == "colwise":
-        return f"Use `{key}: packed_colwise` (two equal halves, each split across ranks)"
+    if split is not None and len(split.parts) == 2 and split.parts[0] == split.parts[1] and v.style == COLWISE:
+        return f"Use `{key}: {PACKED_COLWISE}` (two equal halves, each split across ranks)"
     return (f"Use `{key}: {style}`{partners} (every rank keeps the whole output) and split the next module's input"
             + (" (the sharded forward then matches)" if v.fix_style else ""))
 
 
 def _style_fix(v, key: str, module_key: str) -> str:
     if v.rule is None:
-        return f"Add `{module_key}: {v.fix_style or 'rowwise'}` so that it reduces the split input"
+        return f"Add `{module_key}: {v.fix_style or ROWWISE}` so that it reduces the split input"
     verified = " (the sharded forward then matches)" if v.fix_style else ""
     if v.input_split is True:
-        return f"Use `{key}: {v.fix_style or 'rowwise'}`: its input arrives split by the colwise projections before it"
+        return f"Use `{key}: {v.fix_style or ROWWISE}`: its input arrives split by the {COLWISE} projections before it"
     if v.fix_style:
         return f"Use `{key}: {v.fix_style}`{verified}"
-    if v.input_split is False and v.style and v.style.startswith("rowwise"):
-        return f"Use `{key}: colwise` (its input arrives whole), or `rowwise_split_input` to split it first"
-    return ("Pair the styles: a colwise projection feeds a rowwise one that reduces it; a module fed a whole "
-            "input is colwise (or rowwise_split_input); split heads only where tp_size divides them")
+    if v.input_split is False and is_rowwise_named(v.style):
+        return f"Use `{key}: {COLWISE}` (its input arrives whole), or `{ROWWISE_SPLIT_INPUT}` to split it first"
+    return _PAIR_THE_STYLES
 
 
 def _verdict_finding(v, result: ParityResult, text_prefix: str) -> Finding:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..compat.styles import REPLICATE
 from ..model import Finding, FindingSubject, FixOption
 from ._shapes import OUT_STYLES, chunk, local_logical, quant_units
 from .registry import CheckContext, rule
@@ -77,7 +78,7 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
         yield Finding(
             code="TPA201", kind="quant_metadata_sharded", severity="error", target=generic,
             message=f"`{generic}` {why} (rule `{p.rule}: {p.style}`)",
-            fix=f"Add rule `{ctx.relative_key(generic)}: replicate`",
+            fix=f"Add rule `{ctx.relative_key(generic)}: {REPLICATE}`",
             facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape),
                    "local_shapes": [list(s) for s in p.local_shapes]},
             subject=FindingSubject(rule_key=ctx.relative_key(generic), key_kind="parameter",
@@ -209,7 +210,7 @@ def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
                          f"`{p.rule}: {p.style}`: {ranks_text(empty)} {'gets' if len(empty) == 1 else 'get'} an empty {list(p.local_shapes[empty[0]])} "
                          f"scale next to a {list(weight.local_shapes[empty[0]])} `{weight.name.rpartition('.')[2]}` "
                          f"shard, which {'it' if len(empty) == 1 else 'they'} cannot dequantize"),
-                fix=f"Add rule `{ctx.relative_key(p.generic_name)}: replicate`",
+                fix=f"Add rule `{ctx.relative_key(p.generic_name)}: {REPLICATE}`",
                 subject=FindingSubject(rule_key=ctx.relative_key(p.generic_name), key_kind="parameter",
                                        families=(p.generic_name,)),
                 facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape), "axis": p.shard_dim,

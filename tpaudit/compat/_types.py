@@ -23,6 +23,11 @@ class Placement:
     split_factor: int
     text: str
 
+    @property
+    def is_replicate(self) -> bool:
+        """Every rank holds the whole tensor along this mesh dimension (`Replicate()`)."""
+        return self.kind == "replicate"
+
 
 @dataclass(frozen=True)
 class ShardedParam:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
+from . import styles
+
 _LAYER_NUMBER = re.compile(r"\.\d+(\.|$)")
 
 
@@ -77,27 +79,20 @@ INPUT_AXIS = "in"
 # `packed_colwise` / `packed_rowwise` in `_StridedShard(split_factor=2)`; `colwise_gather_output` and `colwise_rep`
 # redistribute the output to `Replicate()`.
 _LINEAR_STYLES: dict[str, tuple[str, bool, int]] = {
-    "colwise": (OUTPUT_AXIS, False, 1),
-    "colwise_gather_output": (OUTPUT_AXIS, True, 1),
-    "colwise_rep": (OUTPUT_AXIS, True, 1),
-    "packed_colwise": (OUTPUT_AXIS, False, 2),
-    "rowwise": (INPUT_AXIS, False, 1),
-    "rowwise_split_input": (INPUT_AXIS, False, 1),
-    "rowwise_rep": (INPUT_AXIS, False, 1),
-    "packed_rowwise": (INPUT_AXIS, False, 2),
+    styles.COLWISE: (OUTPUT_AXIS, False, 1),
+    styles.COLWISE_GATHER_OUTPUT: (OUTPUT_AXIS, True, 1),
+    styles.COLWISE_REP: (OUTPUT_AXIS, True, 1),
+    styles.PACKED_COLWISE: (OUTPUT_AXIS, False, 2),
+    styles.ROWWISE: (INPUT_AXIS, False, 1),
+    styles.ROWWISE_SPLIT_INPUT: (INPUT_AXIS, False, 1),
+    styles.ROWWISE_REP: (INPUT_AXIS, False, 1),
+    styles.PACKED_ROWWISE: (INPUT_AXIS, False, 2),
     # transformers 5.25: whole heads per rank on a 2-D (units, replicas) view of the TP mesh, duplicated when there are
     # fewer heads than ranks (`UnitColwiseParallel`: [Shard(ndim - 2), Replicate()]; `UnitRowwiseParallel`:
     # [Shard(-1), Replicate()], bias replicated). Each rank's rows are read from the DTensor itself.
-    "unit_colwise": (OUTPUT_AXIS, False, 1),
-    "unit_rowwise": (INPUT_AXIS, False, 1),
+    styles.UNIT_COLWISE: (OUTPUT_AXIS, False, 1),
+    styles.UNIT_ROWWISE: (INPUT_AXIS, False, 1),
 }
-
-# Styles that keep a module's parameters whole on purpose: a rule with one of them is an explicit replication, not a
-# gap in the plan. `moe_tp_experts` and `local_params` are not among them: their parameters need rules of their own.
-# Source: transformers 5.23 `tensor_parallel.py` (`TensorParallelLayer.shard_param` is a no-op for these).
-EXPLICIT_REPLICATE_STYLES = frozenset({"replicate", "replicated_with_grad_allreduce", "sequence_parallel",
-                                       "mla_kv_a_proj", "all_reduce", "moe_identity_expert"})
-
 
 def style_axis(style: str | None) -> str | None:
     """`"out"` for the colwise family (splits output features), `"in"` for the rowwise family, else `None`."""

@@ -30,8 +30,9 @@ Example:
 ```python
 from tpaudit.evidence import run_parity, split_outputs
 from tpaudit.checks.layout import parity_findings
+from tpaudit.compat.styles import COLWISE
 
-split_outputs(config, "Phi3ForCausalLM", {"layers.*.self_attn.qkv_proj": "colwise"}, tp_size=4)  # suspects
+split_outputs(config, "Phi3ForCausalLM", {"layers.*.self_attn.qkv_proj": COLWISE}, tp_size=4)  # suspects
 result = run_parity(config, "Phi3ForCausalLM", plan, tp_size=2, checkpoint_keys=names)  # never raises
 parity_findings(result)                                                                  # [Finding(TPA501, ...)]
 ```
@@ -44,7 +45,7 @@ from .run import run_parity
 from .small_model import (KERNELS, EP_KERNELS, SmallModel, build_small_model, shrink_config,  # noqa: F401
                           small_model)
 from .stage import candidates, gather, skipped
-from .trace import SPLIT_OUTPUT_STYLES, split_outputs
+from .trace import split_outputs
 
 __all__ = ["gather", "skipped", "candidates", "run_parity", "split_outputs", "small_model", "build_small_model",
-           "shrink_config", "SmallModel", "ParityResult", "RuleVerdict", "SplitOutput", "SPLIT_OUTPUT_STYLES"]
+           "shrink_config", "SmallModel", "ParityResult", "RuleVerdict", "SplitOutput"]

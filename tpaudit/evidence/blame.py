@@ -13,16 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..compat.logic import generic_name
+from ..compat.styles import is_own_split, is_split_output
 from .ranks import Recorder, RankRun, compare
 from .small_model import SmallModel
-from .trace import SPLIT_OUTPUT_STYLES, rule_for
-
-# Styles that shard a module's own weight and wrap its input/output (`ColwiseParallel`, `RowwiseParallel`,
-# `EmbeddingParallel`, the packed styles): when such a module diverges while its input still matches, its own rule
-# is the one that is wrong.
-OWN_SPLIT_STYLES = frozenset({"colwise", "rowwise", "packed_colwise", "packed_rowwise", "colwise_gather_output",
-                              "colwise_rep", "rowwise_split_input", "rowwise_rep", "embedding_rowwise",
-                              "embedding_colwise"})
+from .trace import rule_for
 
 
 def layer_index(name: str) -> int | None:
@@ -124,7 +118,7 @@ def attribute(small: SmallModel, ref: Recorder, rec: Recorder, rank: int, world:
     input_ok = ok and err is not None and err <= tol
     input_split = input_ok and ref.inputs.get(site) is not None and rec.inputs.get(site) is not None and \
         tuple(ref.inputs[site].shape) != tuple(rec.inputs[site].shape)
-    if input_ok and style in OWN_SPLIT_STYLES:
+    if input_ok and is_own_split(style):
         return {"first_divergent_module": generic_name(name), "rule": rule, "style": style,
                 "input_split": input_split}
     if input_split and style is None:
@@ -134,7 +128,7 @@ def attribute(small: SmallModel, ref: Recorder, rec: Recorder, rank: int, world:
         # a weight whose split reaches the model split: a parameter with its own rule (experts), or the weight of a
         # module whose output stays split (colwise, packed_colwise); a gathered or reduced output is whole again
         prule, pstyle = rule_at_load(small, param, True, ep_size, overrides)
-        return prule == generic_name(param) or pstyle in SPLIT_OUTPUT_STYLES
+        return prule == generic_name(param) or is_split_output(pstyle)
 
     inside = [p for s, p in rec.param_uses if rec.enters.get(site, seq) <= s <= seq and suspect(p)]
     if inside:

@@ -32,16 +32,14 @@ import time
 from dataclasses import dataclass, field
 
 from ..compat.logic import ep_dropped_rules, generic_name, parameter_rule
+from ..compat.styles import (COLWISE, COLWISE_GATHER_OUTPUT, PACKED_COLWISE, REPLICATE, ROWWISE, ROWWISE_SPLIT_INPUT,
+                             is_colwise_family, is_no_op, is_rowwise_family, is_split_output)
 from ..model import RuleVerdict, SplitOutput
 from .blame import analyse
 from .ranks import RankRun, Recorder, cut_evidence, run_ranks
 from .small_model import SmallModel, layer_tail
 
 MAX_RERUNS = 10
-REPLICATE = "replicate"
-COLWISE_FAMILY = frozenset({"colwise", "packed_colwise", "colwise_rep", "colwise_gather_output"})
-ROWWISE_FAMILY = frozenset({"rowwise", "packed_rowwise", "rowwise_rep", "rowwise_split_input"})
-NO_OP_STYLES = frozenset({"replicate", "replicated_with_grad_allreduce"})
 
 
 @dataclass(frozen=True)
@@ -203,7 +201,7 @@ class Isolation:
         """The repairs to try for `c`, tightest first."""
         block = {k: REPLICATE for k in self._block_rules(c.block)}
         if c.rule is None:   # a module no rule splits receives a split input: the missing reduction
-            return [{c.module: "rowwise"}] if c.module in self.linear and facts.get("input_split") else []
+            return [{c.module: ROWWISE}] if c.module in self.linear and facts.get("input_split") else []
         info = self.table.get(c.rule)
         if info is None or info.plan != "tp":
             return []        # an EP rule: its partners are the EP dispatch's, not ours to swap
@@ -212,16 +210,16 @@ class Isolation:
             split.parts[0] == split.parts[1]
         if info.is_param:
             group = {k: REPLICATE for k in self._group_rules(info.module)}
-            return ([{c.rule: "packed_colwise"}] if c.style == "colwise" and halves else []) + [group, block]
-        if facts.get("input_split") and c.style not in ROWWISE_FAMILY:
-            return [{c.rule: "rowwise"}, block]
-        if c.style in COLWISE_FAMILY:
-            tight = [{c.rule: "packed_colwise"}] if c.style == "colwise" and halves else []
-            gather = [{c.rule: "colwise_gather_output"}] if c.style != "colwise_gather_output" else []
+            return ([{c.rule: PACKED_COLWISE}] if c.style == COLWISE and halves else []) + [group, block]
+        if facts.get("input_split") and not is_rowwise_family(c.style):
+            return [{c.rule: ROWWISE}, block]
+        if is_colwise_family(c.style):
+            tight = [{c.rule: PACKED_COLWISE}] if c.style == COLWISE and halves else []
+            gather = [{c.rule: COLWISE_GATHER_OUTPUT}] if c.style != COLWISE_GATHER_OUTPUT else []
             return tight + gather + [block]
-        if c.style in ROWWISE_FAMILY and facts.get("input_split") is False and c.style != "rowwise_split_input":
-            return [{c.rule: "rowwise_split_input"}, block]
-        return [{c.rule: REPLICATE}, block] if c.style not in NO_OP_STYLES else [block]
+        if is_rowwise_family(c.style) and facts.get("input_split") is False and c.style != ROWWISE_SPLIT_INPUT:
+            return [{c.rule: ROWWISE_SPLIT_INPUT}, block]
+        return [{c.rule: REPLICATE}, block] if not is_no_op(c.style) else [block]
 
     def _culprit(self, facts: dict) -> Culprit | None:
         module = facts.get("first_divergent_module")
@@ -236,7 +234,7 @@ class Isolation:
     def _bisect_load(self, overrides: dict[str, str]) -> tuple[Culprit | None, Observation | None]:
         """One rule whose replication lets the model load (see the module docstring), and the run that showed it."""
         pool = [k for k, r in self.table.items() if r.plan == "tp" and r.matches and k not in overrides
-                and r.style not in NO_OP_STYLES]
+                and not is_no_op(r.style)]
         loaded = None
         while len(pool) > 1 and not self._spent():
             half = pool[: len(pool) // 2]
@@ -301,10 +299,8 @@ class Isolation:
         has; the split itself is what fails."""
         seen: list[Culprit] = []
         for c in culprits.values():
-            earlier = [e for e in seen if e.block == c.block and e.style in COLWISE_FAMILY - {"colwise_gather_output",
-                                                                                            "colwise_rep"}
-                       and e.partner_of is None]
-            if (earlier and not c.escalated and c.rule and c.style in ROWWISE_FAMILY - {"rowwise_split_input"}
+            earlier = [e for e in seen if e.block == c.block and is_split_output(e.style) and e.partner_of is None]
+            if (earlier and not c.escalated and c.rule and is_rowwise_family(c.style) and c.style != ROWWISE_SPLIT_INPUT
                     and c.facts.get("input_split") is False):
                 c.partner_of = earlier[0]
             seen.append(c)

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..compat.styles import PACKED_COLWISE, is_split_output
 from ..metamodel import vocabulary as V
 from ..model import ParityResult, RuleVerdict
 from .cache import NOT_NEEDED, digest, open_cache
 from .cache import inputs as cache_inputs
 from .run import run_parity
 from .small_model import small_model
-from .trace import SPLIT_OUTPUT_STYLES, split_outputs
+from .trace import split_outputs
 
 
 SWITCHED_OFF = "not run: switched off"
@@ -63,18 +64,18 @@ def candidates(built, shard_map) -> list[str]:
     out = []
     for g in shard_map.groups:
         p = g.first
-        if p.sharding != "sharded" or p.plan != "tp" or p.style not in SPLIT_OUTPUT_STYLES or p.ndim < 2:
+        if p.sharding != "sharded" or p.plan != "tp" or not is_split_output(p.style) or p.ndim < 2:
             continue
         facts = built.modules.get(p.module_name)
         bare = p.name.rpartition(".")[2] not in ("weight", "bias")
         if bare:  # a fused experts parameter: [E, out, in] (or [E, in, out] when transposed)
             width = p.global_shape[-1] if facts is not None and facts.is_transposed else p.global_shape[-2]
-            if p.style == "packed_colwise" and facts is not None and facts.is_concatenated is not False \
+            if p.style == PACKED_COLWISE and facts is not None and facts.is_concatenated is not False \
                     and not facts.is_transposed:
                 continue
         else:
             width = facts.out_features if facts is not None and facts.out_features else p.global_shape[-2]
-        if width in single or (p.style == "packed_colwise" and width // 2 in single and not bare):
+        if width in single or (p.style == PACKED_COLWISE and width // 2 in single and not bare):
             continue
         out.append(g.generic_name)
     return out

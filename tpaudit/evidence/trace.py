@@ -15,17 +15,10 @@ from dataclasses import dataclass
 
 from ..compat import parity as seam
 from ..compat.logic import generic_name, parameter_rule
+from ..compat.styles import is_split_output, shards_last_dim
 from ..errors import ParityUnavailableError
 from ..model import SplitOutput
 from .small_model import SmallModel, one_thread, short, small_model
-
-# Styles that split a module's output along `out_features` and leave it split (the colwise family). Gathered styles
-# (`colwise_gather_output`, `colwise_rep`) hand every rank the whole output, so the model never sees a part.
-SPLIT_OUTPUT_STYLES = frozenset({"colwise", "packed_colwise"})
-
-# Parameter styles that shard the last dimension (`RowwiseParallel`, `PackedRowwiseParallel`): on an `[E, in, out]`
-# experts tensor (gpt-oss) that is the output dimension.
-ROW_STYLES = frozenset({"rowwise", "packed_rowwise"})
 
 # Same tensor, other dtype or memory: the index is unchanged.
 KEEP_OPS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "contiguous", "clone", "detach",
@@ -336,10 +329,13 @@ class CallCounter:
             h.remove()
 
 
-def trace(small: SmallModel, styles=SPLIT_OUTPUT_STYLES) -> tuple[dict[str, SplitOutput], list[str]]:
+def trace(small: SmallModel) -> tuple[dict[str, SplitOutput], list[str]]:
     """Run one traced forward of `small.reference` and return `{generic source name: SplitOutput}` for the split
     outputs the forward cuts into parts, and the generic names of every split output it followed. The site of each
-    cut and the parts it produced are kept on `small.cut_sites` (see `CutSite`)."""
+    cut and the parts it produced are kept on `small.cut_sites` (see `CutSite`). Followed: the outputs of modules and
+    parameters whose style leaves them split (`styles.is_split_output`; gathered styles hand every rank the whole
+    output, so the model never sees a part), and experts parameters whose style shards their last dimension
+    (`styles.shards_last_dim`: on an `[E, in, out]` tensor, gpt-oss, that is the output dimension)."""
     import torch
 
     model = small.reference
@@ -354,14 +350,14 @@ def trace(small: SmallModel, styles=SPLIT_OUTPUT_STYLES) -> tuple[dict[str, Spli
             continue
         # a parameter with its own rule (experts): follow the dimension its style shards, and see whether it
         # becomes the output of a matmul (`[E, out, in]` colwise, `[E, in, out]` rowwise) or is contracted away
-        dim = p.ndim - 2 if style in styles else p.ndim - 1 if style in ROW_STYLES else None
+        dim = p.ndim - 2 if is_split_output(style) else p.ndim - 1 if shards_last_dim(style) else None
         if dim is not None:
             g = generic_name(pname)
             sources[g] = (rule, style)
             tracer.track(p, g, dim)
     for mname, mod in model.named_modules():
         rule, style = rule_for(small.plan, mname, is_param=False)
-        if style not in styles or not hasattr(mod, "weight") or getattr(mod.weight, "ndim", 0) != 2:
+        if not is_split_output(style) or not hasattr(mod, "weight") or getattr(mod.weight, "ndim", 0) != 2:
             continue
         g = generic_name(mname)
         sources[g] = (rule, style)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compat import ConfigReadError, ModuleFacts, QuantizationInfo, backend
+from ..compat.styles import EXAMPLE_PLAN_JSON
 from ..errors import ConfigError, PlanError, UsageError
 from .facts import ModelFacts, read_facts
 from .mapping import CheckpointMapping
@@ -142,8 +143,8 @@ def load_plan_file(path: str) -> dict[str, str]:
     raw = read_capped(path, "--plan file", PLAN_MAX_BYTES, lambda m: PlanError(m, path=path))
     plan = load_json(raw, "--plan file", path, lambda m: PlanError(m, path=path))
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
-        raise PlanError(f"--plan {path} must be a JSON object of rule -> style strings, e.g. "
-                        '{"layers.*.self_attn.q_proj": "colwise"}', path=path)
+        raise PlanError(f"--plan {path} must be a JSON object of rule -> style strings, e.g. {EXAMPLE_PLAN_JSON}",
+                        path=path)
     if len(plan) < raw.count(b":"):  # cheap pre-check; a colon inside a key or style is rare, so confirm it
         import json
         from collections import Counter
@@ -161,8 +162,7 @@ def validate_plan(plan, origin: str = "plan") -> None:
     """Raise `PlanError` for a plan that is not a dict of str -> str, a malformed rule key, or a style the installed
     transformers does not register."""
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
-        raise PlanError(f"{origin} must be a dict of rule -> style strings, e.g. "
-                        '{"layers.*.self_attn.q_proj": "colwise"}')
+        raise PlanError(f"{origin} must be a dict of rule -> style strings, e.g. {EXAMPLE_PLAN_JSON}")
     known = set(backend().style_names())
     for key, style in plan.items():
         if not key or key != key.strip() or key.startswith(".") or key.endswith(".") or ".." in key:

@@ -30,6 +30,7 @@ import re
 
 from . import vocabulary as V
 from ..compat import backend
+from ..compat.styles import EXAMPLE_PLAN_JSON
 from ..errors import ConfigError
 
 FIX_CONFIG = "Fix the config"  # as `build.FIX_CONFIG`
@@ -178,7 +179,7 @@ def _check_one(cfg, prefix: str, where: str, path: str | None) -> None:
             what = "a map with a key or style that is not a string" if isinstance(plan, dict) else \
                 f"a {type(plan).__name__}"
             raise ConfigError(f"{where}: {name(attr)} is {what} ({_shown(plan)}), not a map of rule -> style "
-                              'such as {"layers.*.self_attn.q_proj": "colwise"}', fix=FIX_CONFIG, path=path)
+                              f"such as {EXAMPLE_PLAN_JSON}", fix=FIX_CONFIG, path=path)
 
 
 def _epsilon_names(cfg) -> list[str]:

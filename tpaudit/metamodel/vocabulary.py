@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..compat.styles import PACKED_COLWISE
+
 
 @dataclass(frozen=True)
 class ConfigRole:
@@ -278,7 +280,7 @@ GENERIC_OUTPUT = ModuleRole("generic_output", ("dense", "out_proj"),
 ATTENTION_BLOCK = ModuleRole("attention_block", ("self_attn", "attn", "attention", "cross_attn"),
                              "The attention module of a decoder layer, parent of its projections.")
 FUSED_GATE_UP = ModuleRole("fused_gate_up", ("gate_up_proj", "w13", "gate_up", "fc1_gate_up"),
-                           "Gate and up projections in one output (`packed_colwise` keeps both halves; TPA501).")
+                           f"Gate and up projections in one output (`{PACKED_COLWISE}` keeps both halves; TPA501).")
 EMBEDDING = ModuleRole("embedding", ("embed_tokens", "lm_head", "wte", "word_embeddings"),
                        "Token embedding and output head: their rows are the vocabulary (TPA101 names `vocab_size`).")
 DECODER_LAYERS = ModuleRole("decoder_layers", ("layers", "h"),

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..compat.styles import REPLICATE
 from ..model import FindingSubject
 
 
@@ -153,7 +154,7 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
             # it whole on every rank (transformers looks a parameter's own rule up before its module's)
             key = f.subject.rule_key
             if key not in base_plan and key not in suggestions and key not in (defer or ()):
-                suggestions[key] = Suggestion(key, "replicate", [f.code], 1, 1)
+                suggestions[key] = Suggestion(key, REPLICATE, [f.code], 1, 1)
             continue
         if action != "vote" or f.severity != "error":
             continue

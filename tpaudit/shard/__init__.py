@@ -14,7 +14,8 @@ The model is restored afterwards, so one built model serves every option.
 from __future__ import annotations
 
 from ..compat import PlanRejectedError, backend
-from ..compat.logic import EXPLICIT_REPLICATE_STYLES, generic_name
+from ..compat.logic import generic_name
+from ..compat.styles import is_explicit_replicate
 from ..errors import UsageError
 from ..model import ParamShard, ShardMap
 from ..plan import ResolvedPlan
@@ -60,11 +61,11 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
             placement = ", ".join(p.text for p in s.placements)
             split = next((p for p in s.placements if p.dim is not None), None)
             shard_dim, split_factor = (split.dim, split.split_factor) if split else (None, 1)
-            sharding = "replicated_by_rule" if all(p.kind == "replicate" for p in s.placements) else "sharded"
+            sharding = "replicated_by_rule" if all(p.is_replicate for p in s.placements) else "sharded"
         else:
             placement, shard_dim, split_factor = "whole", None, 1
             rule_applied = s.name in applied or module_name in applied
-            sharding = "replicated_by_rule" if rule_applied and style in EXPLICIT_REPLICATE_STYLES else "unsharded"
+            sharding = "replicated_by_rule" if rule_applied and is_explicit_replicate(style) else "unsharded"
         origin, ckpt = _origin(s.name, mapping)
         params.append(ParamShard(
             name=s.name, generic_name=generic, global_shape=s.global_shape, dtype=s.dtype,

@@ -20,6 +20,7 @@ from typing import Any
 from .. import _torch, loading
 from .. import parity as _parity
 from .._probe import Capability, missing
+from ..styles import StyleVocabulary
 from .meta_model import MetaModelSeam
 from .plans import PlanSeam
 
@@ -35,6 +36,7 @@ class Transformers523(MetaModelSeam, PlanSeam):
     LINE = "5.23"
     TESTED_RELEASES = ("5.23", "5.24")     # major.minor the test suite runs against in CI
     SUPPORTED = ">=5.23,<5.25"
+    STYLES = StyleVocabulary                # the style names this line registers, grouped by meaning
     CAPABILITIES = (
         Capability("transformers", "PreTrainedModel._resolve_parallel_plans", ("distributed_config",)),
         Capability("transformers", "PreTrainedModel.maybe_distribute_model",
