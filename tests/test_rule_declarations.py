@@ -22,9 +22,9 @@ EXPECTED = {
     "TPA004": ("error", False, None, False, False),
     "TPA101": ("error", "heads", None, False, False),
     "TPA102": ("error", False, None, False, False),
-    "TPA201": ("error", True, "replicate", False, False),
+    "TPA201": ("error", True, "keep_whole", False, False),
     "TPA202": ("error", True, None, False, False),
-    "TPA203": ("error", True, "replicate", False, False),
+    "TPA203": ("error", True, "keep_whole", False, False),
     "TPA204": ("error", False, None, False, False),
     "TPA205": ("warning", False, None, False, False),
     "TPA206": ("error", False, None, False, False),
@@ -145,11 +145,11 @@ def test_suggest_reads_its_action_from_the_declaration():
     from tpaudit.model import Finding, FindingSubject
     from tpaudit.plan.suggest import suggest_rules
 
-    assert suggest_actions() == {"TPA001": "vote", "TPA201": "replicate", "TPA203": "replicate"}
+    assert suggest_actions() == {"TPA001": "vote", "TPA201": "keep_whole", "TPA203": "keep_whole"}
     scale = Finding(code="TPA203", kind="k", severity="error", target="model.layers.*.mlp.down_proj.weight_scale",
                     message="m", subject=FindingSubject(rule_key="layers.*.mlp.down_proj.weight_scale"))
     report = SimpleNamespace(findings=[scale])
-    suggestions, unresolved = suggest_rules(report, {}, "model", actions={"TPA203": "replicate"})
+    suggestions, unresolved = suggest_rules(report, {}, "model", actions={"TPA203": "keep_whole"})
     assert [(s.key, s.style, s.voters) for s in suggestions] == [
         ("layers.*.mlp.down_proj.weight_scale", "replicate", ["TPA203"])]
     assert unresolved == []

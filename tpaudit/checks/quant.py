@@ -21,7 +21,7 @@ def _ranks(values: list[int]) -> str:
     return " / ".join(str(v) for v in values) if len(values) <= 8 else f"{values[0]} .. {values[-1]}"
 
 
-@rule("TPA201", "quant_metadata_sharded", severity="error", breaks_forward=True, suggest="replicate",
+@rule("TPA201", "quant_metadata_sharded", severity="error", breaks_forward=True, suggest="keep_whole",
       counts_replicated=False, fails_load=False)
 def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
     """Quantization metadata that a rule shards although it carries no per-rank data.
@@ -156,7 +156,7 @@ def _is_scale(leaf: str) -> bool:
     return leaf in _SCALE_LEAVES or leaf.endswith(_SCALE_SUFFIXES)
 
 
-@rule("TPA203", "quant_scale_split", severity="error", breaks_forward=True, suggest="replicate",
+@rule("TPA203", "quant_scale_split", severity="error", breaks_forward=True, suggest="keep_whole",
       counts_replicated=False, fails_load=False)
 def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
     """A quantization scale or zero point split on an axis it does not vary along: some ranks get none of it.

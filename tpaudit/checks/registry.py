@@ -12,7 +12,8 @@ findings needs, so that a new rule is its check module, its data and its tests a
 - `breaks_forward`: whether its error findings mean the ranks cannot compute the model (`tpaudit size` then calls
   the option invalid): `True`, `False`, or a predicate on the finding where only some of them do;
 - `suggest`: what `--suggest` does with its error findings: `"vote"` (propose the style sibling architectures give a
-  module of that name), `"replicate"` (keep the parameter its subject names whole on every rank), or `None`;
+  module of that name), `"keep_whole"` (a `replicate` rule for the parameter its subject names: whole on every
+  rank), or `None`;
 - `counts_replicated`: whether its findings are replicated bytes, which `strict_tp(max_replicated_bytes=...)` accepts
   within its budget;
 - `fails_load`: whether its findings say transformers' own sharded load fails on some rank (what `tpaudit verify`
@@ -42,7 +43,7 @@ from ..model import SEVERITY_ORDER, Finding, ParamShard, ShardMap
 _CODE = re.compile(r"^TPA\d{3}$")
 _SECTION = re.compile(r"^\*\*(What it detects|Why it matters|Example|Fix|References)\*\*\s*$")
 PointsAt = Literal["plan", "config", "checkpoint"]
-SuggestAction = Literal["vote", "replicate"]
+SuggestAction = Literal["vote", "keep_whole"]
 _UNDECLARED: Any = object()
 
 
@@ -62,7 +63,7 @@ class Rule:
             checkpoint.
         breaks_forward (`bool` or `Callable[[Finding], bool]`): whether its error findings mean the ranks cannot
             compute the model; a predicate where only some of them do (see `breaks_the_forward`).
-        suggest (`"vote" | "replicate" | None`): what `--suggest` does with its error findings (module docstring).
+        suggest (`"vote" | "keep_whole" | None`): what `--suggest` does with its error findings (module docstring).
         counts_replicated (`bool`): its findings are replicated bytes (judged against a replicated-bytes budget).
         fails_load (`bool`): its findings say transformers' sharded load fails on some rank.
     """
@@ -134,8 +135,8 @@ def rule(code: str, kind: str, *, severity: str = _UNDECLARED, breaks_forward: b
             raise ValueError(f"{code} ({fn.__name__}) declares no {', '.join(undeclared)}")
         if severity not in SEVERITY_ORDER:
             raise ValueError(f"{code} ({fn.__name__}) severity {severity!r} is not one of {sorted(SEVERITY_ORDER)}")
-        if suggest not in (None, "vote", "replicate"):
-            raise ValueError(f"{code} ({fn.__name__}) suggest {suggest!r} is not 'vote', 'replicate' or None")
+        if suggest not in (None, "vote", "keep_whole"):
+            raise ValueError(f"{code} ({fn.__name__}) suggest {suggest!r} is not 'vote', 'keep_whole' or None")
         if not (isinstance(breaks_forward, bool) or callable(breaks_forward)):
             raise ValueError(f"{code} ({fn.__name__}) breaks_forward must be a bool or a predicate on a finding")
         if not isinstance(counts_replicated, bool) or not isinstance(fails_load, bool):

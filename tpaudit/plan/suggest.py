@@ -127,8 +127,8 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
                   defer: set[str] | None = None, *,
                   actions: dict[str, str]) -> tuple[list[Suggestion], list[Unresolved]]:
     """Rules for the error findings of `report` whose rule declares a `--suggest` action: `"vote"` (a replicated
-    family: the style sibling architectures vote for) or `"replicate"` (quantization metadata or a scale split by its
-    module's rule: keep the key the finding's subject names whole on every rank).
+    family: the style sibling architectures vote for) or `"keep_whole"` (quantization metadata or a scale split by its
+    module's rule: a `replicate` rule keeps the key the finding's subject names whole on every rank).
 
     Args:
         report (`Report`): the first simulation.
@@ -149,7 +149,7 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
     unresolved: list[Unresolved] = []
     for f in report.findings:
         action = actions.get(f.code)
-        if action == "replicate" and f.severity == "error" and f.subject and f.subject.rule_key:
+        if action == "keep_whole" and f.severity == "error" and f.subject and f.subject.rule_key:
             # quantization metadata or a scale the module's rule splits: its own finding names the rule that keeps
             # it whole on every rank (transformers looks a parameter's own rule up before its module's)
             key = f.subject.rule_key
