@@ -19,7 +19,7 @@ assert is_split_output(COLWISE) and is_split_output(PACKED_COLWISE)
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Names. Source: transformers 5.23-5.25 `distributed/tensor_parallel.py` and `distributed/expert_parallel.py`
@@ -109,13 +109,23 @@ class StyleVocabulary:
 
 
 def vocabulary() -> type[StyleVocabulary]:
-    """The style vocabulary of the release line in use: the probed backend's `STYLES`, or the newest line's before
-    anything was probed (no transformers import either way)."""
-    from . import _ACTIVE, _lines
+    """The style vocabulary of the release line in use (`backend().STYLES`; the backend is probed once per process,
+    and every caller of these predicates simulates with it anyway).
 
-    line = type(_ACTIVE) if _ACTIVE is not None else _lines()[0]
-    styles: type[StyleVocabulary] = line.STYLES
+    Raises:
+        UnsupportedVersionError: the installed transformers has no release line (see `compat.backend`).
+    """
+    global _COMPAT
+    if _COMPAT is None:
+        import tpaudit.compat as compat  # the package; it does not import this module
+
+        _COMPAT = compat
+    active = _COMPAT._ACTIVE
+    styles: type[StyleVocabulary] = (active if active is not None else _COMPAT.backend()).STYLES
     return styles
+
+
+_COMPAT: Any = None  # `tpaudit.compat`, once `vocabulary()` first ran (a predicate may run once per parameter)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ What 5.25.0 changed that tpaudit calls or reports (read in its `distributed/`, `
 from __future__ import annotations
 
 from .._probe import Capability
+from ..styles import MOE_IDENTITY_EXPERT, MOE_TP_EXPERTS, UNIT_COLWISE, UNIT_ROWWISE, StyleVocabulary
 from ..transformers_5_23 import Transformers523
 
 # The capabilities whose signature 5.25 changed, by name: the 5.23 line's entries are replaced, the others kept.
@@ -37,6 +38,20 @@ _ADDED = (
 )
 
 
+class StyleVocabulary525(StyleVocabulary):
+    """5.25's styles: `unit_colwise` / `unit_rowwise` added (`UnitColwiseParallel` / `UnitRowwiseParallel`, kin of
+    `ColwiseParallel` / `RowwiseParallel` on the unit mesh; in no family of the 5.23 line's), `moe_identity_expert` gone
+    (`MoeIdentityParallel` removed: the loader refuses it), `moe_tp_experts` deprecated (removal announced for 5.28).
+
+    Source: transformers 5.25 `distributed/tensor_parallel.py` (`ALL_PARALLEL_STYLES`)."""
+
+    LINE = "5.25"
+    REGISTERED = (StyleVocabulary.REGISTERED - {MOE_IDENTITY_EXPERT}) | {UNIT_COLWISE, UNIT_ROWWISE}
+    REFUSED = frozenset({MOE_IDENTITY_EXPERT})
+    DEPRECATED = frozenset({MOE_TP_EXPERTS})
+    EXPLICIT_REPLICATE = StyleVocabulary.EXPLICIT_REPLICATE - {MOE_IDENTITY_EXPERT}
+
+
 def _capabilities() -> tuple[Capability, ...]:
     changed = {c.path: c for c in _CHANGED}
     return tuple(changed.get(c.path, c) for c in Transformers523.CAPABILITIES) + _ADDED
@@ -49,6 +64,7 @@ class Transformers525(Transformers523):
     TESTED_RELEASES = ("5.25",)
     SUPPORTED = ">=5.25,<5.26"
     CAPABILITIES = _capabilities()
+    STYLES = StyleVocabulary525
 
     def init_contexts(self, cls, dtype, is_quantized: bool, config) -> list:
         """The context managers `from_pretrained` builds a model under, the config's fusion patches included.
@@ -61,7 +77,7 @@ class Transformers525(Transformers523):
         """Styles the installed release still applies but has announced the removal of, with its advice.
 
         Source: transformers 5.25 `tensor_parallel.apply_tensor_parallelism` (the `moe_tp_experts` warning)."""
-        return {"moe_tp_experts": "deprecated in transformers 5.25 (removal announced for 5.28): split the experts "
+        return {MOE_TP_EXPERTS: "deprecated in transformers 5.25 (removal announced for 5.28): split the experts "
                                   "by expert parallelism (the model's EP plan, `ep_size`) instead"}
 
     def removed_styles(self) -> dict[str, str]:
@@ -69,6 +85,6 @@ class Transformers525(Transformers523):
 
         Source: transformers 5.25 `distributed/tensor_parallel.py` (`MoeIdentityParallel` and its registration are
         gone; longcat_flash's plan dropped its `identity_expert` rule with its expert TP rules)."""
-        return {"moe_identity_expert": "transformers 5.25 removed it (it pre-divided LongCat-Flash's identity experts "
+        return {MOE_IDENTITY_EXPERT: "transformers 5.25 removed it (it pre-divided LongCat-Flash's identity experts "
                                        "for the experts' TP split, which 5.25 replaced by expert parallelism): drop "
                                        "the rule and split the experts with --ep"}
