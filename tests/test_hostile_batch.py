@@ -273,6 +273,11 @@ def test_a_forged_entry_is_named_in_every_summary_format(tmp_path):
         assert "not authenticated" in proc.stdout and entry_path.name in proc.stdout, proc.stdout
         (line,) = [json.loads(x) for x in (tmp_path / f"{fmt}.jsonl").read_text().splitlines()]
         assert line["cached"] is False and entry_path.name in line["cache_problem"]
+        if fmt == "html":
+            assert "<td>computed</td>" in proc.stdout and "<td>cache</td>" not in proc.stdout
+    proc = run_env("batch", str(listing), "--tp", "2", "-o", str(tmp_path / "again.jsonl"), "--format", "html",
+                   env=env)                                      # the rewritten entry is sealed: served, and said
+    assert "1 from the cache" in proc.stdout and "<td>cache</td>" in proc.stdout and "refused" not in proc.stdout
 
 
 def _user_key() -> bytes:

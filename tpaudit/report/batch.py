@@ -232,9 +232,10 @@ def render_html(summary: BatchSummary, *, unit: str = "GiB", **_) -> str:
                     + _num(r.replicated_bytes, _bytes(r.replicated_bytes, unit))
                     + _num(share, f"{share:.1%}" if share is not None else "-")
                     + _num(r.errors, str(r.errors)) + _num(r.warnings, str(r.warnings))
-                    + f"<td>{e(detail)}</td></tr>")
+                    + f"<td>{'cache' if r.cached else 'computed'}</td><td>{e(detail)}</td></tr>")
     parts.append("<h2>Every line</h2><p>Click a header to sort.</p><table class=\"sortable\"><thead><tr>"
                  "<th>model</th><th>tp</th><th>ep</th><th>status</th><th>exit</th><th>worst rank</th>"
-                 "<th>replicated</th><th>share</th><th>errors</th><th>warnings</th><th>error findings or reason</th>"
+                 "<th>replicated</th><th>share</th><th>errors</th><th>warnings</th><th>from</th>"
+                 "<th>error findings or reason</th>"
                  "</tr></thead><tbody>" + "".join(rows) + f"</tbody></table><script>{_SCRIPT}</script></body></html>\n")
     return "".join(parts)
