@@ -61,6 +61,10 @@ def test_measured_equals_predicted(tiny, name):
         assert r["allocated_bytes"] >= r["measured_param_bytes"]
     if name == "uneven":
         assert out["ranks"][0]["measured_param_bytes"] > out["ranks"][1]["measured_param_bytes"]
+        # stderr is no terminal here: one progress line per phase, in order
+        phases = [line.split(":")[1].strip() for line in proc.stderr.splitlines()
+                  if line.startswith("tpaudit verify: ")]
+        assert phases == ["preparing", "predicting", "starting", "loading", "comparing"], proc.stderr
 
 
 def test_loader_failure_is_exit_3_and_names_the_rank(tiny):

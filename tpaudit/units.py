@@ -18,15 +18,19 @@ _UNITS = {
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, *, unit_required: bool = False) -> int:
     """`"80GB"` -> 80_000_000_000, `"24GiB"` -> 25_769_803_776, `"1e9"` -> 1_000_000_000, `"512"` -> 512.
 
-    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2), case-insensitive.
+    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB (powers of 2), case-insensitive. With `unit_required` (a
+    memory size, where `80` is far likelier to mean 80 GB than 80 bytes) a bare number is refused.
 
     Raises:
-        ValueError: not a non-negative number with an optional unit.
+        ValueError: not a non-negative number with an optional unit (with `unit_required`: with a unit).
     """
     m = _QUANTITY.match(str(text))
+    if m and unit_required and not m.group(2):
+        number = m.group(1)
+        raise ValueError(f"{text!r} has no unit: write {number}GB (10^9 bytes) or {number}GiB (2^30 bytes)")
     unit = (m.group(2).lower() or "b") if m else ""
     if not m or unit not in _UNITS:
         raise ValueError(f"{text!r} is not a byte size such as 80GB, 24GiB or 1e9")

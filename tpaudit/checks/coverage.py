@@ -243,12 +243,18 @@ def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
         for key in unused:
             # The spelling search costs time per rule: a plan of thousands of dead rules (generated, or hostile) gets
             # hints on its first HINTS, and stays linear.
-            close = _closest(key, rules[key], candidates) if hinted < HINTS else None
+            close = _closest(key, rules[key], candidates) if hinted < HINTS or shipped else None
             hinted += 1
             hint = f" (closest runtime module of that kind: `{close}`)" if close else ""
+            # a shipped rule whose kind of layer the model lacks: no runtime module of its kind and leaf, or only an
+            # expert's (a dense `mlp.down_proj` rule in a model whose every MLP is a sparse MoE block)
+            absent = shipped and (close is None or _inside_experts(close, key, candidates))
+            why = (f"; transformers ships it for a kind of layer {ctx.architecture} does not have, so it is a note"
+                   if absent else "")
             yield Finding(
-                code="TPA002", kind="unused_rule", severity="warning", target=key,
-                message=f"{kind} rule `{key}: {rules[key]}` matches no module or parameter of {ctx.architecture}{hint}",
+                code="TPA002", kind="unused_rule", severity="note" if absent else "warning", target=key,
+                message=f"{kind} rule `{key}: {rules[key]}` matches no module or parameter of {ctx.architecture}"
+                        f"{hint}{why}",
                 fix=(f"Remove `{ctx.relative_key(key)}` or rewrite it to a runtime module path" if not shipped else
                      f"Nothing to edit unless a weight it was meant for is replicated (TPA001): the rule ships in "
                      f"transformers' `{ctx.owner_class}.base_model_{kind}_plan`, often for layers this config does "
@@ -280,6 +286,15 @@ def _hint_candidates(ctx: CheckContext, generic_name) -> dict[str, str]:
         if g.first.ndim >= 2 and leaf not in ("weight", "bias") and not is_quant_tensor_name(leaf):
             out.setdefault(g.generic_name, "linear")
     return out
+
+
+def _inside_experts(name: str, key: str, candidates: dict[str, str]) -> bool:
+    """`name` lies inside an experts container and the rule `key` names none (a dense rule's closest match is an
+    expert's projection)."""
+    parts = name.split(".")
+    inside = any(candidates.get(".".join(parts[:i])) == "experts" for i in range(1, len(parts)))
+    return inside and not any(candidates.get(".".join(key.split(".")[:i])) == "experts"
+                              for i in range(1, key.count(".") + 1))
 
 
 def _closest(key: str, style: str, candidates: dict[str, str]) -> str | None:

@@ -41,21 +41,30 @@ def stdout_console(**options):
     return _StdoutConsole(**{"markup": False, **options})
 
 
-def emit_rich(draw: Callable, output: str | None, *, width: int = 160) -> None:
+def emit_rich(draw: Callable, output: str | None, *, width: int = 120) -> None:
     """Run `draw(console)` on a rich console for the terminal, or render it without colour into `output`.
+
+    Not on a terminal (a pipe, a CI log, `-o FILE`) the console is `width` columns wide (the renderer's, 120 unless
+    it needs more), which a CI log page shows whole; the `COLUMNS` environment variable sets another width.
 
     The console never reads rich markup (`markup=False`): renderers style with `Text` objects, so a name such as
     `x[/]y` prints as written instead of being parsed (`tpaudit/report/_inert.py`)."""
     from rich.console import Console
 
     if output is None:
-        # A pipe or a CI log is no 80-column terminal: draw wide unless COLUMNS says otherwise.
+        # A pipe or a CI log is no 80-column terminal: draw `width` wide unless COLUMNS says otherwise.
         wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else width
         draw(stdout_console(width=wide))
         return
     buffer = io.StringIO()
-    draw(Console(file=buffer, width=width, no_color=True, markup=False))
+    draw(Console(file=buffer, width=_columns() or width, no_color=True, markup=False))
     write_output(buffer.getvalue(), output)
+
+
+def _columns() -> int | None:
+    """`COLUMNS` when it is a sensible width (20 to 4,000 columns), else `None`."""
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and 20 <= int(value) <= 4000 else None
 
 
 def emit(command: str, fmt: str, result, output: str | None, **options) -> None:

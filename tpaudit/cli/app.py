@@ -41,12 +41,42 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Lint tensor-parallel sharding plans of Hugging Face transformers models before anyone rents GPUs."""
 
 
-app.command("check", epilog="Examples:\n\n" + "\n\n".join(check_cmd.CHECK_EXAMPLES))(check_cmd.check)
-app.command("snapshot", epilog="Examples:\n\n" + "\n\n".join(snapshot_cmd.SNAPSHOT_EXAMPLES))(snapshot_cmd.snapshot)
-app.command("size", epilog="Examples:\n\n" + "\n\n".join(size_cmd.SIZE_EXAMPLES))(size_cmd.size)
-app.command("scan", epilog="Examples:\n\n" + "\n\n".join(scan_cmd.SCAN_EXAMPLES))(scan_cmd.scan)
-app.command("verify", epilog="Examples:\n\n" + "\n\n".join(verify_cmd.VERIFY_EXAMPLES))(verify_cmd.verify)
-app.command("batch", epilog="Examples:\n\n" + "\n\n".join(batch_cmd.BATCH_EXAMPLES))(batch_cmd.batch)
+EXAMPLE_WIDTH = 76
+"""Example lines are at most this wide (with the help's 2-column indent they fit 80 columns)."""
+
+
+def examples(commands: list[str]) -> str:
+    """A command's help epilog: each example command as a block click prints as written (`\\b`: never re-wrapped),
+    broken only between words, never between an option and its value, with a shell line continuation (` \\`), so
+    that a copied example runs as one command at any width. A trailing `# comment` goes on its own line above."""
+    blocks = []
+    for command in commands:
+        code, hash_, comment = command.partition("  #")
+        units: list[str] = []
+        for word in code.split():
+            if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+                units[-1] += " " + word  # `--tp 4` stays on one line
+            else:
+                units.append(word)
+        lines = [f"#{comment}"] if hash_ else []
+        line = ""
+        for unit in units:
+            if line and len(line) + 1 + len(unit) > EXAMPLE_WIDTH - 2:
+                lines.append(line + " \\")
+                line = "  " + unit
+            else:
+                line = f"{line} {unit}" if line else unit
+        lines.append(line)
+        blocks.append("\b\n" + "\n".join(lines))
+    return "Examples:\n\n" + "\n\n".join(blocks)
+
+
+app.command("check", epilog=examples(check_cmd.CHECK_EXAMPLES))(check_cmd.check)
+app.command("snapshot", epilog=examples(snapshot_cmd.SNAPSHOT_EXAMPLES))(snapshot_cmd.snapshot)
+app.command("size", epilog=examples(size_cmd.SIZE_EXAMPLES))(size_cmd.size)
+app.command("scan", epilog=examples(scan_cmd.SCAN_EXAMPLES))(scan_cmd.scan)
+app.command("verify", epilog=examples(verify_cmd.VERIFY_EXAMPLES))(verify_cmd.verify)
+app.command("batch", epilog=examples(batch_cmd.BATCH_EXAMPLES))(batch_cmd.batch)
 app.command("rules")(rules_cmd.rules)
 app.command("explain")(rules_cmd.explain)
 
@@ -81,6 +111,8 @@ def _main(argv: list[str] | None) -> int:
 
     wide = sys.stdout.isatty() and shutil.get_terminal_size((80, 24)).columns >= 100
     app.rich_markup_mode = "rich" if wide else None
+    if not wide:
+        _wrap_between_words()
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv if argv is not None else sys.argv[1:], prog_name="tpaudit",
@@ -112,6 +144,33 @@ def _main(argv: list[str] | None) -> int:
     if result == 130:  # typer turns Ctrl-C inside a command into exit code 130: say so, one line
         return report_error(KeyboardInterrupt())
     return int(result) if isinstance(result, int) else 0
+
+
+def _wrap_between_words() -> None:
+    """click's plain help wraps with textwrap's defaults, which break after a hyphen (`--gpu-` / `memory`) and cut
+    a word longer than the line: its `TextWrapper` is given `break_on_hyphens=False, break_long_words=False`, so help
+    wraps only between words (a path longer than the line stays whole). typer 0.2x bundles click as `typer._click`
+    (`formatting.wrap_text` imports `_textwrap.TextWrapper` on each call); a plain click is handled alike."""
+    import importlib
+
+    for name in ("typer._click._textwrap", "click._textwrap"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        base = getattr(module, "TextWrapper", None)
+        if base is None or getattr(base, "_between_words", False):
+            continue
+
+        class TextWrapper(base):
+            _between_words = True
+
+            def __init__(self, *args, **kwargs):
+                kwargs.setdefault("break_on_hyphens", False)
+                kwargs.setdefault("break_long_words", False)
+                super().__init__(*args, **kwargs)
+
+        module.TextWrapper = TextWrapper
 
 
 def run() -> None:

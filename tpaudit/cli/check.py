@@ -115,4 +115,11 @@ def check(
         with_ep = f"; run it with --ep {ep['ep_size']} (expert parallelism for the routed experts)" if ep else ""
         print(f"tpaudit: wrote the suggested plan ({len(suggested)} rules) to {write_plan}{with_ep}", file=sys.stderr)
     emit("check", format, report, output, unit=units.value, params="none" if quiet_params else params)
+    if output is not None:  # the report is in the file: say so, as batch and scan do
+        from ..units import plural
+
+        counts = report.summary()
+        print(f"tpaudit: wrote the check report ({format}; {plural(counts['errors'], 'error')}, "
+              f"{plural(counts['warnings'], 'warning')}, {plural(counts['notes'], 'note')}) to {output}",
+              file=sys.stderr)
     return exit_code_for(report, fail_on.value, exit_zero)

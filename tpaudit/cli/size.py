@@ -59,7 +59,7 @@ def _training_setup(training: bool, optimizer: str, master_weights: bool, grad_d
     budget = 0
     if activation_budget is not None:
         try:
-            budget = parse_bytes(activation_budget)
+            budget = parse_bytes(activation_budget, unit_required=True)
         except ValueError as e:
             raise UsageError(f"--activation-budget: {e}") from None
     return TrainingSetup(optimizer=optimizer, master_weights=master_weights, grad_dtype=grad_dtype,
@@ -132,7 +132,7 @@ def size(
                              "--gpu-memory") from None
     else:
         try:
-            capacity = parse_bytes(gpu_memory)
+            capacity = parse_bytes(gpu_memory, unit_required=True)
         except ValueError as e:
             raise UsageError(f"--gpu-memory: {e}") from None
         if capacity <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -52,9 +53,50 @@ def verify(
         if result is None:
             return code
     else:
-        result = run_verify(model, tp_size=tp, ep_size=ep, device=device, nproc=nproc, zero_weights=zero_weights,
-                            dtype=dtype, architecture=architecture, trust_remote_code=trust_remote_code,
-                            revision=revision, token=token, timeout=timeout)
+        progress = Progress(sys.stderr)
+        try:
+            result = run_verify(model, tp_size=tp, ep_size=ep, device=device, nproc=nproc,
+                                zero_weights=zero_weights, dtype=dtype, architecture=architecture,
+                                trust_remote_code=trust_remote_code, revision=revision, token=token, timeout=timeout,
+                                progress=progress)
+        finally:
+            progress.close()
         code = 0 if result.match else 1
     emit("verify", format, result, output, unit=units.value)
     return code
+
+
+class Progress:
+    """`verify`'s progress on stderr (stdout keeps the report): on a terminal one line rewritten in place with the
+    phase and its detail (ranks started and loaded, seconds), cleared at the end; otherwise (a CI log) one line per
+    phase as it starts, `tpaudit verify: <phase>: <detail>`, with no counts repeated."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.live = bool(getattr(stream, "isatty", lambda: False)())
+        self.phase: str | None = None
+        self.drawn = False
+
+    def __call__(self, phase: str, detail: str) -> None:
+        try:
+            if self.live:
+                import shutil
+
+                width = max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+                self.stream.write("\r\x1b[K" + f"tpaudit verify: {phase}: {detail}"[:width])
+                self.stream.flush()
+                self.drawn = True
+            elif phase != self.phase:
+                print(f"tpaudit verify: {phase}: {detail}", file=self.stream, flush=True)
+        except (OSError, ValueError):  # stderr closed: progress is a courtesy
+            pass
+        self.phase = phase
+
+    def close(self) -> None:
+        """Clear the live line, so the report or an error starts on a clean line."""
+        if self.live and self.drawn:
+            try:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass

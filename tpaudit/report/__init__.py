@@ -32,13 +32,13 @@ class Renderer:
     name: str
     fn: Callable
     rich: bool = False
-    width: int = 160
+    width: int = 120
 
 
 _REGISTRY: dict[tuple[str, str], Renderer] = {}
 
 
-def renderer(command: str, name: str, *, rich: bool = False, width: int = 160):
+def renderer(command: str, name: str, *, rich: bool = False, width: int = 120):
     """Register `fn` as the `name` format of `command`. Refuses a second renderer for the same pair."""
 
     def register(fn):

@@ -101,15 +101,31 @@ def _legend(keys: list[str]) -> Text:
     return text + Text("· free", style="dim")
 
 
+def _at_separators(segments: list[str], width: int) -> list[str]:
+    """`segments` joined by " · " in lines of at most `width` columns, each break at a separator (a line ends with
+    " ·"), never inside a segment; a segment wider than the line gets a line of its own."""
+    lines, line = [], ""
+    for segment in segments:
+        joined = f"{line} · {segment}" if line else segment
+        if line and len(joined) + 2 > width:
+            lines.append(line + " ·")
+            line = segment
+        else:
+            line = joined
+    return lines + [line]
+
+
 @renderer("size", "table", rich=True)
 def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", **_) -> None:
     """Print the serving table (with the longest context each option holds), the training table with `--training`,
     invalid reasons, one bar per option (worst rank) and one per rank of the recommended option."""
     cap = report.gpu["memory_bytes"]
     name = report.gpu.get("name") or "GPU"
-    console.print(Text(f"tpaudit size · {inert(report.model.get('repo_id') or report.model.get('ref'))} · {inert(name)} "
-                       f"{format_bytes(cap, unit)} per GPU · context {report.context:,} x batch {report.batch} · "
-                       f"KV cache {inert(report.kv_dtype)} · {unit_legend(unit)}", style="bold"))
+    segments = ["tpaudit size", inert(report.model.get('repo_id') or report.model.get('ref')),
+                f"{inert(name)} {format_bytes(cap, unit)} per GPU", f"context {report.context:,} x batch {report.batch}",
+                f"KV cache {inert(report.kv_dtype)}", unit_legend(unit)]
+    for line in _at_separators(segments, console.width):
+        console.print(Text(line, style="bold"))
     rec = report.recommended
     training = report.training is not None
     t = Table(header_style="bold", title="Serving" if training else None)

@@ -148,13 +148,15 @@ def _families_table(report: Report, unit: str, rows: int, width: int = 160) -> T
 
 def _params_table(report: Report, unit: str, width: int) -> Table:
     """Full table on wide terminals; on narrow ones (< 140 columns) the whole shape, dtype and whole bytes drop out
-    (they are in `--format json`)."""
+    (they are in `--format json`). A row is a generic name (`model.layers.*.mlp.up_proj.weight`) standing for `n`
+    parameters; its `whole` and `rank N` bytes are totals over them (shapes are one parameter's)."""
     sm = report.shard_map
     worst = sm.worst_rank
     wide = width >= 140
     errors = {name for f in report.findings if f.severity == "error" and f.subject for name in f.subject.families}
-    t = Table(title="Parameters by generic name (✗ replicated: no rule shards it · '=' kept whole on purpose by "
-                    "its rule)",
+    t = Table(title="Parameters by generic name (n: how many parameters the name stands for, one per layer or "
+                    "expert; bytes are totals over all n · ✗ replicated: no rule shards it · '=' kept whole on "
+                    "purpose by its rule)",
               title_justify="left", header_style="bold")
     t.add_column("", width=1)
     t.add_column("name", overflow="fold", ratio=3)

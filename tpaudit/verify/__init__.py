@@ -242,8 +242,14 @@ def prepare_model_dir(ref: str, *, zero_weights: bool, revision: str | None, tok
 
 
 def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dtype: str | None,
-           architecture: str | None, trust_remote_code: bool, timeout: float, workdir: Path) -> list[dict]:
-    """Run the worker on `nproc` ranks under torchrun; return every rank's record.
+           architecture: str | None, trust_remote_code: bool, timeout: float, workdir: Path,
+           progress=None) -> list[dict]:
+    """Run the worker on `nproc` ranks under torchrun; return every rank's record. `progress(phase, detail)`, when
+    given, hears how many ranks have started and loaded, about twice a second while they load (each rank writes
+    `rank<N>.started` when its process begins, `rank<N>.json` when it is done).
+
+    The ranks run in `workdir`, not the current directory: `-m` puts the working directory first on `sys.path`, where
+    a `tpaudit/` folder (a clone) would be imported in place of the installed package (`tpaudit._shadow`).
 
     Raises:
         LaunchError: torchrun could not start.
@@ -251,7 +257,7 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
     """
     out_dir = workdir / "ranks"
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"path": path, "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype, "architecture": architecture,
+    spec = {"path": os.path.abspath(path), "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype, "architecture": architecture,
             "trust_remote_code": trust_remote_code, "out_dir": str(out_dir)}
     spec_file = workdir / "spec.json"
     spec_file.write_text(json.dumps(spec))
@@ -263,20 +269,31 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
            "127.0.0.1", "--master-port", str(_free_port()), "-m", "tpaudit.verify.worker", str(spec_file)]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+                                start_new_session=True, cwd=str(workdir))
     except OSError as e:
         raise LaunchError(f"cannot start torchrun: {e}. Check that torch is installed in {sys.executable}") from None
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        hung = False
-    except subprocess.TimeoutExpired:
+    start = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - start)
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.01, min(0.5, left)))  # retrying loses no output
+            hung = False
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - start < timeout:
+                if progress is not None:
+                    started, loaded = (len(list(out_dir.glob(f"rank*.{ext}"))) for ext in ("started", "json"))
+                    progress("loading", f"{started}/{nproc} ranks started, {loaded}/{nproc} loaded, "
+                                        f"{time.monotonic() - start:.0f} s")
+                continue
+        hung = True
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             stdout, stderr = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-        hung = True
+        break
     records = []
     for r in range(nproc):
         f = out_dir / f"rank{r}.json"
@@ -303,7 +320,7 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
 def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu", nproc: int | None = None,
                zero_weights: bool = False, dtype: str | None = None, architecture: str | None = None,
                trust_remote_code: bool = False, revision: str | None = None, token: str | None = None,
-               timeout: float = 900) -> VerifyResult:
+               timeout: float = 900, progress=None) -> VerifyResult:
     """Load `ref` on `nproc` real ranks and compare with the prediction (the launcher side of `tpaudit verify`).
 
     Args:
@@ -313,6 +330,8 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
         nproc (`int`, *optional*): ranks to start; default `max(tp_size, ep_size)`.
         zero_weights (`bool`): load a sparse checkpoint with the real headers instead of weights.
         timeout (`float`): seconds before a hung load is stopped.
+        progress (`Callable[[str, str], None]`, *optional*): told each phase as it starts (`"preparing"`,
+            `"predicting"`, `"starting"`, `"loading"` with the ranks started and loaded, `"comparing"`) and a detail.
 
     Returns:
         `VerifyResult` (`match` when every rank holds what was predicted, to the byte).
@@ -342,19 +361,27 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
         if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
             raise UsageError(f"--device cuda needs {nproc} visible GPU(s); this machine has "
                              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}. Use --device cpu")
+    def say(phase: str, detail: str) -> None:
+        if progress is not None:
+            progress(phase, detail)
+
     with tempfile.TemporaryDirectory(prefix="tpaudit-verify-") as tmp:
         workdir = Path(tmp)
+        say("preparing", "writing a sparse checkpoint from the headers" if zero_weights else "reading the model")
         path, notes = prepare_model_dir(ref, zero_weights=zero_weights, revision=revision, token=token,
                                         workdir=workdir)
         # Predict first: a config, dtype or plan that cannot work is an input error (exit 2) before any rank starts.
+        say("predicting", "building the meta model and every rank's shards")
         report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
+        say("starting", f"{nproc} ranks under torchrun ({'NCCL' if device == 'cuda' else 'gloo'})")
         try:
             records = launch(path, tp_size=tp_size, ep_size=ep_size, nproc=nproc, device=device, dtype=dtype,
                              architecture=architecture, trust_remote_code=trust_remote_code, timeout=timeout,
-                             workdir=workdir)
+                             workdir=workdir, progress=progress)
         except LoadFailedError as e:
             raise LoadFailedError(f"{e}; {predicted_failure(report)}", rank=e.rank, loader_message=e.loader_message,
                                   hint=e.hint) from None
+    say("comparing", f"{len(records)} ranks' shards with the prediction")
     ranks, mismatches = compare(report.shard_map, records)
     model = {k: report.model.get(k) for k in ("ref", "model_type", "architecture", "dtype")}
     model["ref"] = ref

@@ -4,6 +4,7 @@ process group down. Exits 1 when the load failed, so torchrun stops the other ra
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -14,6 +15,10 @@ def main(argv: list[str]) -> int:
     from . import load_and_measure
 
     spec = json.loads(open(argv[0]).read())
+    try:  # the launcher counts the ranks that started (its progress line)
+        open(os.path.join(spec["out_dir"], f"rank{os.environ.get('RANK', '0')}.started"), "w").close()
+    except (OSError, KeyError):
+        pass
     record = load_and_measure(spec)
     try:
         import torch.distributed as dist
