@@ -159,7 +159,11 @@ def test_bare_byte_counts_are_byte_sizes():
 
 
 def test_verify_rejects_a_bad_config_before_starting_ranks(tmp_path):
-    assert_input_error(run_main("verify", model_dir(tmp_path, raw_config="[1, 2]"), "--tp", "2"), "JSON object")
+    proc = run_main("verify", model_dir(tmp_path, raw_config="[1, 2]"), "--tp", "2")
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("tpaudit verify: ")]
+    assert progress and not any(line.startswith("tpaudit verify: starting") for line in progress), proc.stderr
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if line not in progress)
+    assert_input_error(proc, "JSON object")
 
 
 def test_size_refuses_absurd_tp():

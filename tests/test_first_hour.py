@@ -67,17 +67,17 @@ def test_a_shadowing_tpaudit_folder_is_named(tmp_path, monkeypatch, capsys):
     rank. `__main__` now names the folder first and exits 2."""
     import types
 
-    from tpaudit import _shadow
+    from tpaudit import _process
 
     folder = tmp_path / "tpaudit"
     folder.mkdir()
     shadow = types.ModuleType("tpaudit")
     shadow.__path__ = [str(folder)]  # what the import system makes of a folder without __init__.py
-    assert _shadow.shadowing_folder(_shadow.__file__) is None  # the installed package itself
+    assert _process.shadowing_folder(_process.__file__) is None  # the installed package itself
     monkeypatch.setitem(sys.modules, "tpaudit", shadow)
-    assert _shadow.shadowing_folder(_shadow.__file__) == str(folder)
+    assert _process.shadowing_folder(_process.__file__) == str(folder)
     with pytest.raises(SystemExit) as stop:
-        _shadow.exit_if_shadowed(_shadow.__file__)
+        _process.exit_if_shadowed(_process.__file__)
     assert stop.value.code == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and str(folder) in line and "another directory" in line

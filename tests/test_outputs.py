@@ -130,17 +130,30 @@ def test_baseline_accepts_known_findings(tmp_path):
     assert [f["code"] for f in json.loads(proc.stdout)["findings"]] == ["TPA102"]
 
 
-def test_fail_on_warning():
+def test_fail_on_warning(tmp_path):
     # Qwen3-30B-A3B-Instruct-2507 at tp 4: the shipped qwen3_moe plan's three dense mlp.* rules match nothing (every
-    # layer is sparse): warnings only; its per-expert checkpoint merges into the fused experts on every rank. With
-    # --ep 4 the experts are split by expert in every release (5.25 ships no expert TP rules: tp alone holds them whole)
+    # layer is sparse): rules transformers ships for a kind of layer the model lacks, so notes, and --fail-on warning
+    # gates the stock model; the same rules in a user's --plan are warnings that fail it. Its per-expert checkpoint
+    # merges into the fused experts on every rank. With --ep 4 the experts are split by expert in every release
+    # (5.25 ships no expert TP rules: tp alone holds them whole)
+    dense = [f"model.layers.*.mlp.{p}" for p in ("down_proj", "gate_proj", "up_proj")]
     proc = run_main("check", QWEN3_MOE, "--tp", "4", "--ep", "4", "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    warnings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] == "warning"]
-    assert sorted(f["target"] for f in warnings) == [f"model.layers.*.mlp.{p}" for p in
-                                                     ("down_proj", "gate_proj", "up_proj")]
+    findings = json.loads(proc.stdout)["findings"]
+    assert sorted(f["target"] for f in findings if f["code"] == "TPA002" and f["severity"] == "note") == dense
+    assert not [f for f in findings if f["severity"] == "warning"]
     proc = run_main("check", QWEN3_MOE, "--tp", "4", "--ep", "4", "--format", "json", "--fail-on", "warning")
-    assert proc.returncode == 1
+    assert proc.returncode == 0
+    shipped = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+               "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+               "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+               "layers.*.mlp.down_proj": "rowwise"}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(shipped))
+    proc = run_main("check", QWEN3_MOE, "--tp", "4", "--ep", "4", "--format", "json", "--plan", str(plan),
+                    "--fail-on", "warning")
+    warnings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] == "warning"]
+    assert sorted(f["target"] for f in warnings if f["code"] == "TPA002") == dense and proc.returncode == 1
 
 
 def test_suggest_fixes_qwen2_moe_shared_expert(tmp_path):

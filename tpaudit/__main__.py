@@ -1,7 +1,7 @@
 """`python -m tpaudit` runs the command line (after making sure the `tpaudit` imported is the installed package,
-not a folder of the current directory: `tpaudit._shadow`)."""
+not a folder of the current directory: `tpaudit._process.exit_if_shadowed`)."""
 
-from ._shadow import exit_if_shadowed
+from ._process import exit_if_shadowed
 
 exit_if_shadowed(__file__)
 

@@ -249,7 +249,8 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
     `rank<N>.started` when its process begins, `rank<N>.json` when it is done).
 
     The ranks run in `workdir`, not the current directory: `-m` puts the working directory first on `sys.path`, where
-    a `tpaudit/` folder (a clone) would be imported in place of the installed package (`tpaudit._shadow`).
+    a `tpaudit/` folder (a clone) would be imported in place of the installed package
+    (`tpaudit._process.exit_if_shadowed`).
 
     Raises:
         LaunchError: torchrun could not start.
