@@ -255,3 +255,42 @@ def test_a_suggestion_that_leaves_errors_is_not_printed_and_says_why():
     terminal = " ".join(run_main("check", QWEN3_VL, "--tp", "8", "--suggest").stdout.split())
     assert "No clean configuration" in terminal and "so no plan is printed" in terminal
     assert "base_model_tp_plan = {" not in terminal
+
+
+def test_a_vote_for_fused_experts_counts_only_architectures_with_the_same_layout():
+    """Qwen3-style experts `gate_up_proj` [E, 2I, H] (hidden size on the last axis): Llama4's rule for its
+    `[E, H, 2I]` experts (`packed_rowwise`, hidden size on axis 1, read here from transformers' own Llama4 model
+    built on the meta device) must not be proposed for them. Where only Llama4 votes for that name (transformers
+    5.25 dropped every other expert rule, read from the config classes), the family is left unresolved and says
+    why; where others vote, the proposal comes from architectures whose experts have our layout."""
+    import types
+
+    from tpaudit.model import Finding, FindingSubject
+    from tpaudit.plan.suggest import sibling_plans, suggest_rules
+    from transformers import Llama4TextConfig
+
+    import torch
+    from transformers import AutoModel
+
+    small = Llama4TextConfig(num_hidden_layers=1, hidden_size=64, intermediate_size=96, num_local_experts=2)
+    with torch.device("meta"):
+        llama4 = AutoModel.from_config(small)
+    gate_up = dict(llama4.named_parameters())["layers.0.feed_forward.experts.gate_up_proj"]
+    assert tuple(gate_up.shape) == (2, 64, 2 * 96)  # Llama4: [E, H, 2I]
+
+    e, i, h = 128, 768, 2048
+    key = "layers.*.mlp.experts.gate_up_proj"
+    finding = Finding("TPA001", "replicated_weight", "error", f"model.{key}", "m",
+                      subject=FindingSubject(rule_key=key, key_kind="parameter", families=(f"model.{key}",),
+                                             shape=(e, 2 * i, h)))
+    from tpaudit.checks.registry import suggest_actions
+
+    suggestions, unresolved = suggest_rules(types.SimpleNamespace(findings=[finding]), {}, "model", hidden=h,
+                                            actions=suggest_actions())
+    proposed = {s.key: s for s in suggestions}
+    voters = [mt for mt, plan in sibling_plans().items() if any(k.endswith("experts.gate_up_proj") for k in plan)]
+    if key in proposed:
+        assert "llama4_text" not in proposed[key].voters and proposed[key].style != "packed_rowwise"
+    if voters and all(mt.startswith("llama4") for mt in voters):
+        assert key not in proposed
+        assert any(u.key == key and "hidden size on another axis" in u.reason for u in unresolved)

@@ -149,7 +149,8 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
                 facts={"count": lead.count, "bytes": total, "bytes_per_rank": total, "shape": list(lead.global_shape),
                        "dtype": lead.dtype, "rule": lead.rule, "style": lead.style, "relative_key": relative,
                        "key_kind": key_kind, "families": names},
-                subject=FindingSubject(rule_key=relative, key_kind=key_kind, families=tuple(names)))
+                subject=FindingSubject(rule_key=relative, key_kind=key_kind, families=tuple(names),
+                                       shape=tuple(lead.global_shape)))
         else:
             yield Finding(
                 code="TPA001", kind="replicated_weight", severity="note", target=lead.generic_name,

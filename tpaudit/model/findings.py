@@ -44,11 +44,14 @@ class FindingSubject:
         key_kind (`"module" | "parameter"`, *optional*): whether `rule_key` names a module or a parameter (a
             parameter rule of fused experts brings its module's rule).
         families (`tuple[str, ...]`): the generic parameter names the finding covers.
+        shape (`tuple[int, ...]`): the global shape of the lead parameter (`()` when not about one parameter):
+            `--suggest` compares it with a voting architecture's to tell which axis is which.
     """
 
     rule_key: str | None = None
     key_kind: Literal["module", "parameter"] | None = None
     families: tuple[str, ...] = ()
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -123,8 +123,51 @@ def _votes_for(key: str, plans: dict[str, dict[str, str]]) -> tuple[str, Counter
     return "", Counter(), {}
 
 
+def hidden_axes(shape: tuple[int, ...], hidden: int | None) -> tuple[int, ...] | None:
+    """Which axes after the expert axis of a 3-D fused-experts parameter are the model's hidden size: `(2,)` for
+    `[E, 2I, H]` (Qwen3-MoE's `gate_up_proj`), `(1,)` for `[E, H, 2I]` (Llama4's, stored transposed). `None` when it
+    cannot tell (not 3-D, no hidden size, or both or neither axis is it)."""
+    if len(shape) != 3 or not hidden:
+        return None
+    axes = tuple(i for i in (1, 2) if shape[i] == hidden)
+    return axes if len(axes) == 1 else None
+
+
+@functools.lru_cache(maxsize=64)
+def voter_layout(model_type: str, suffix: str) -> tuple[int, ...] | None:
+    """`hidden_axes` of the parameter named `...{suffix}` in the default model of `model_type` (its config class's
+    defaults, built on the meta device as `check` builds any model), `None` when it cannot be built or has none.
+
+    Source: the model class transformers registers for the config (`metamodel.build_model`)."""
+    from ..metamodel import BuildOptions, build_model
+    from ..metamodel import vocabulary as V
+    from ..model import ModelSource
+    from ..compat import backend
+
+    tf = backend()
+    try:
+        with tf.quiet():
+            config = tf.config_classes()[model_type]()
+            built = build_model(ModelSource(ref=f"<{model_type} defaults>", kind="local", config=config.to_dict(),
+                                            tensors=None), BuildOptions())
+    except Exception:  # noqa: BLE001 - an architecture that cannot be built here casts no vote on layouts
+        return None
+    hidden = next(iter(built.facts.role_values(V.HIDDEN)[1]), None)
+    for name, param in built.model.named_parameters():
+        if _generic(name).endswith("." + suffix):
+            return hidden_axes(tuple(param.shape), hidden)
+    return None
+
+
+def _layout_voters(voters: list[str], matched: str, ours: tuple[int, ...], limit: int = 3) -> list[str] | None:
+    """The voters (at most `limit`, in order) whose parameter named `matched` has the same layout as ours; `None`
+    when none of them does."""
+    same = [v for v in voters[:limit] if voter_layout(v, matched) == ours]
+    return same or None
+
+
 def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: dict | None = None,
-                  defer: set[str] | None = None, *,
+                  defer: set[str] | None = None, hidden: int | None = None, *,
                   actions: dict[str, str]) -> tuple[list[Suggestion], list[Unresolved]]:
     """Rules for the error findings of `report` whose rule declares a `--suggest` action: `"vote"` (a replicated
     family: the style sibling architectures vote for) or `"keep_whole"` (quantization metadata or a scale split by its
@@ -139,6 +182,9 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
             vote for those styles store `[E, out, in]`, concatenated).
         defer (`set[str]`, *optional*): keys not to propose in this round.
         actions (`dict[str, str]`): rule code -> its declared action (`checks.registry.suggest_actions()`).
+        hidden (`int`, *optional*): the model's hidden size: a 3-D fused-experts parameter's vote counts only the
+            architectures whose same parameter has the hidden size on the same axis (`voter_layout`), so Llama4's
+            rules for its transposed `[E, H, 2I]` experts are not proposed for `[E, 2I, H]` ones, nor the reverse.
 
     Returns:
         `(suggestions, unresolved)`: the proposed rules, and the families no sibling shards (each `Unresolved`: its
@@ -181,7 +227,19 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
         if not votes:
             unresolved.append(Unresolved(key, "no architecture in this transformers shards a module of that name"))
             continue
-        style, count = votes.most_common(1)[0]
+        ours = hidden_axes(subject.shape, hidden) if subject.key_kind == "parameter" else None
+        if ours is not None:
+            ranked = [(st, n, _layout_voters(voters[st], matched, ours)) for st, n in votes.most_common()]
+            ranked = [(st, n, same) for st, n, same in ranked if same]
+            if not ranked:
+                unresolved.append(Unresolved(key, f"the architectures whose rules match `{matched}` store it with "
+                                                  f"the hidden size on another axis (ours: {list(subject.shape)}); "
+                                                  "shard them by expert (--ep) or write a rule for this layout"))
+                continue
+            style, count, same = ranked[0]
+            voters = {**voters, style: same}
+        else:
+            style, count = votes.most_common(1)[0]
         suggestions[key] = Suggestion(key, style, voters[style][:5], matched, count)
         # A parameter of a module (`experts.gate_up_proj`) brings its module's rule (`experts: moe_tp_experts`).
         module = key.rpartition(".")[0]
@@ -292,8 +350,11 @@ def with_suggestion(audit, report, sizes, *, actions: dict[str, str], options=No
                 "errors": r.count("error"), "warnings": r.count("warning")}
 
     ep_keys, ep_sizes = _expert_parallel(report, sizes, built.relative_key)
+    from ..metamodel import vocabulary as V
+
+    hidden = next(iter(built.facts.role_values(V.HIDDEN)[1]), None) if built.facts is not None else None
     suggestions, unresolved = suggest_rules(report, base_plan, built.text_prefix, layouts,
-                                            defer={"embed_tokens"} | ep_keys, actions=actions)
+                                            defer={"embed_tokens"} | ep_keys, hidden=hidden, actions=actions)
     dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
     dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
     base_plan = {k: v for k, v in base_plan.items() if k not in dead}
@@ -309,7 +370,7 @@ def with_suggestion(audit, report, sizes, *, actions: dict[str, str], options=No
             plan = {**base_plan, **{s.key: s.style for s in chosen}}
             after = rerun(plan, at)
             more, unresolved_more = suggest_rules(after, plan, built.text_prefix, layouts, defer=ep_keys,
-                                                  actions=actions)
+                                                  hidden=hidden, actions=actions)
             if more:
                 chosen += more
                 plan.update({s.key: s.style for s in more})
