@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_main
 
 
@@ -62,3 +64,78 @@ def test_the_summary_counts_parity_verdicts_in_every_format(monkeypatch, tmp_pat
     assert "1 could not run" in table.stdout and "gpt_neox: parity could not run" in table.stdout
     plain = run_main("scan", "--tp", "4", "--jobs", "1", "--model-type", "llama", "--format", "json")
     assert "parity_counts" not in json.loads(plain.stdout)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the small-model builder on the architectures whose parity check could not run (transformers' default configs)
+# ----------------------------------------------------------------------------------------------------------------------
+def _text_dict(model_type: str) -> tuple[type, dict]:
+    from tpaudit.compat import backend
+
+    config = backend().config_from_class(model_type)
+    text = config.get_text_config(decoder=True)
+    return type(text), text.to_dict()
+
+
+def test_dots3_sliding_layers_keep_head_dim_equal_to_the_mla_parts():
+    from tpaudit.evidence import shrink_config
+
+    config_cls, real = _text_dict("dots3_note_text")
+    small, _ = shrink_config(real, 4)
+    config = config_cls.from_dict(small)  # its validator: SWA head_dim == qk_nope_head_dim + qk_rope_head_dim
+    sliding = config.per_layer_config["sliding_attention"]
+    assert sliding.head_dim == sliding.qk_nope_head_dim + sliding.qk_rope_head_dim
+    real_sliding = config_cls.from_dict(real).per_layer_config["sliding_attention"]
+    assert sliding.head_dim < real_sliding.head_dim and sliding.head_dim % 8 == real_sliding.head_dim % 8
+
+
+def test_hunyuan_v4_mrope_keeps_its_rope_width_and_a_wider_indexer_head():
+    from tpaudit.evidence import shrink_config
+
+    config_cls, real = _text_dict("hy_v4_vl_text")
+    small, _ = shrink_config(real, 4)
+    config = config_cls.from_dict(small)  # its validator: sum(mrope_section) == qk_rope_head_dim // 2
+    section = real["rope_parameters"]["mrope_section"]
+    assert config.qk_rope_head_dim == 2 * sum(section) == real["qk_rope_head_dim"]
+    assert config.index_head_dim >= config.qk_rope_head_dim and config.hidden_size < real["hidden_size"]
+
+
+def test_ernie_vl_widths_per_expert_kind_shrink_each():
+    from tpaudit.evidence import shrink_config
+
+    _, real = _text_dict("ernie4_5_vl_moe")
+    small, shrunk = shrink_config(real, 4, keep_head_widths=True)
+    widths = real["moe_intermediate_size"]
+    assert isinstance(widths, list) and len(widths) == 2
+    assert all(s < r and s % 8 == r % 8 for s, r in zip(small["moe_intermediate_size"], widths))
+    # the RoPE code lays its default mrope section out for the real head width: kept, while the hidden size shrinks
+    assert small["head_dim"] == real["hidden_size"] // real["num_attention_heads"]
+    assert small["hidden_size"] < real["hidden_size"]
+
+
+@pytest.mark.slow
+def test_the_nine_types_get_a_verdict_or_a_specific_reason():
+    import inspect
+
+    from tpaudit.compat import backend
+    from tpaudit.run.scan import scan_one
+
+    verdicts = ["deepseek_v2", "dots3_note", "dots3_note_text", "hy_v4_vl", "hy_v4_vl_text", "ernie4_5_vl_moe",
+                "unlimited_ocr"]
+    for model_type in verdicts:
+        row = scan_one(model_type, 4, "auto")
+        assert row.status == scan_one(model_type, 4, "off").status == "ok", (model_type, row.reason)
+        assert row.parity_outcome in ("passed", "failed", "not_checked") and row.parity_error is None, \
+            (model_type, row.parity)
+    # an assistant all of whose layers reuse its target model's KV states: no forward of its own
+    text = backend().config_from_class("gemma4_unified_assistant").get_text_config(decoder=True)
+    assert text.num_kv_shared_layers == text.num_hidden_layers
+    row = scan_one("gemma4_unified_assistant", 4, "auto")
+    assert row.status == "ok" and row.parity_outcome == "could_not_run"
+    assert f"num_kv_shared_layers = {text.num_hidden_layers} of {text.num_hidden_layers}" in row.parity_error
+    # PI0's forward needs a robot state that token ids do not give
+    from transformers import PI0ForConditionalGeneration
+
+    assert inspect.signature(PI0ForConditionalGeneration.forward).parameters["state"].default is inspect._empty
+    row = scan_one("pi0", 4, "auto")
+    assert row.status == "ok" and row.parity_outcome == "could_not_run" and "`state`" in row.parity_error

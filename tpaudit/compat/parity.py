@@ -265,12 +265,20 @@ def model_class(model_class):
     return None
 
 
-def decoder_class_names(text_config) -> list[str]:
+def decoder_class_names(text_config, near=None) -> list[str]:
     """Model classes that can run a text config on its own, most useful first: its causal LM, then its base model.
+
+    When the auto tables register no class for the text config's type (Ernie-4.5-VL-MoE's
+    `ernie4_5_vl_moe_text`, Unlimited-OCR's `unlimited_ocr_text`), the modeling module of `near` (the composite model
+    class) is searched for model classes whose `config_class` is exactly the text config's class, a causal LM
+    first, then the others in the order the module defines them (`Ernie4_5_VLMoeTextModel`).
 
     Source: transformers 5.23 `models/auto/modeling_auto.py` (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`,
     `MODEL_MAPPING_NAMES`), through `Transformers523.model_class_names` without the image-text-to-text table (a text
-    config's own classes)."""
+    config's own classes); `PreTrainedModel.config_class` (5.25)."""
+    import sys
+
+    from transformers import PreTrainedModel
     from transformers.models.auto import modeling_auto as auto
 
     names = []
@@ -280,7 +288,13 @@ def decoder_class_names(text_config) -> list[str]:
             name = name[0]
         if name and name not in names:
             names.append(name)
-    return names
+    module = sys.modules.get(getattr(near, "__module__", None) or "")
+    if names or module is None:
+        return names
+    own = [n for n, c in vars(module).items() if isinstance(c, type) and issubclass(c, PreTrainedModel)
+           and c.__module__ == module.__name__ and getattr(c, "config_class", None) is type(text_config)
+           and not n.endswith("PreTrainedModel")]
+    return sorted(own, key=lambda n: not n.endswith("ForCausalLM"))
 
 
 def text_route(config) -> tuple[Any, bool]:
@@ -295,3 +309,19 @@ def text_route(config) -> tuple[Any, bool]:
     except AttributeError:
         return config, False
     return text, text is not config
+
+
+def required_forward_inputs(model_class) -> list[str]:
+    """The arguments `model_class.forward` requires (no default) besides the token ids: inputs the parity check's
+    token-id batch cannot give (PI0's robot `state`).
+
+    Source: the model's own `forward` signature (`inspect.signature`; transformers 5.25 `PI0ForConditionalGeneration`
+    requires `state`)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model_class.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in ("self", "input_ids")
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]

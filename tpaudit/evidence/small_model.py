@@ -37,6 +37,12 @@ HEAD_DIM_FLOOR = 8
 WIDTH_FLOOR = 8
 HIDDEN_FLOOR = 16
 EXPERT_FLOOR = 16
+DEFAULT_TOP_K = 2
+"""Experts per token for a config that names experts but leaves its router's top-k unset."""
+MAX_PARAMETERS = 16_000_000
+"""The most parameters a small model may hold (64 MB in float32; the ranks and the reference hold it about twice
+more): a larger one is refused rather than risk a scan's memory bound."""
+"""Experts per token for a config that names experts but leaves its router's top-k unset."""
 
 
 @dataclass
@@ -131,7 +137,8 @@ def key_of(d: dict, names) -> str | None:
     return next((k for k in names if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)), None)
 
 
-def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list[int]]]:
+def shrink_config(config_dict: dict, tp_size: int, *, keep_head_widths: bool = False
+                  ) -> tuple[dict, dict[str, list[int]]]:
     """Scale a config dict down so that every split `tp_size` makes of the real model keeps its structure.
 
     The rule (`m = 2 * tp_size`): a width `x` becomes the smallest `v >= floor` with `v % m == x % m`, so `v` is
@@ -158,6 +165,9 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
     Args:
         config_dict (`dict`): `PretrainedConfig.to_dict()` of the (text) config.
         tp_size (`int`): the tp_size whose splits must keep their structure.
+        keep_head_widths (`bool`, *optional*, defaults to `False`): keep the attention head widths real (as for
+            per-dimension RoPE lists), for a model whose code lays RoPE out for its real head width without the
+            config saying so (Ernie-4.5-VL-MoE's default `mrope_section` `[22, 22, 20]` lives in its RoPE code).
 
     Returns:
         `(small_dict, shrunk)`: the new dict and `{attribute: [real, small]}` for what changed.
@@ -171,6 +181,11 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
             shrunk[label] = [target[key], value]
             target[key] = value
 
+    def put_new(target: dict, key: str, value: int, label: str, real: int) -> None:
+        if target.get(key, real) != value:
+            shrunk[label] = [real, value]
+            target[key] = value
+
     heads_key, kv_key = key_of(d, V.ATTENTION_HEADS.attrs), key_of(d, V.KV_HEADS.attrs)
     hidden_key = key_of(d, V.HIDDEN.attrs)
     heads = d.get(heads_key) if heads_key else None
@@ -179,7 +194,7 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
     fractions = _rotary_fractions(d)
     rotary_dim_key = V.ROTARY_DIM.canonical
     rotary_dim = d.get(rotary_dim_key) if isinstance(d.get(rotary_dim_key), int) else None
-    keep_heads = _rope_has_lists(d)
+    keep_heads = keep_head_widths or _rope_has_lists(d)
     head_dim = V.HEAD_DIM_SUFFIX
 
     def head_ok(v: int, real: int) -> bool:
@@ -189,33 +204,56 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
 
     derived_head = heads and hidden and (not isinstance(d.get(head_dim), int) or d[head_dim] * heads == hidden)
     real_head = d[head_dim] if isinstance(d.get(head_dim), int) else (hidden // heads if derived_head else None)
+    if keep_head_widths and derived_head and real_head and not isinstance(d.get(head_dim), int):
+        # the real head width named, so that the hidden size can still shrink (transformers reads `head_dim` first)
+        d[head_dim], derived_head = real_head, False
 
     # Every per-head width of the config (top level, and per-layer overrides such as Gemma 4's global layers), each
     # distinct real value to a distinct small one in the same order, so layers with wider heads keep wider heads.
     per_layer_key, derived_key = V.PER_LAYER_CONFIG.canonical, V.MLA_QK_HEAD_DIM.canonical
     per_layer = d.get(per_layer_key) if isinstance(d.get(per_layer_key), dict) else {}
     head_keys = [k for k in d if k.endswith(head_dim) and k != derived_key and isinstance(d[k], int)]
-    rope_keys = {head_dim, "global_" + head_dim} if keep_heads else set()
+    nope, rope = V.MLA_NOPE_HEAD_DIM.canonical, V.MLA_ROPE_HEAD_DIM.canonical
+    # per-dimension RoPE lists (`mrope_section`) are laid out for the rotary head width: MLA's rope part included
+    rope_keys = {head_dim, "global_" + head_dim, rope} if keep_heads else set()
+
+    def layer_heads(override: dict) -> list[str]:
+        return [k for k, v in override.items() if k.endswith(head_dim) and k != derived_key and k not in rope_keys
+                and isinstance(v, int) and not isinstance(v, bool)]
+
     reals = sorted({d[k] for k in head_keys if k not in rope_keys}
-                   | {o[head_dim] for o in per_layer.values() if isinstance(o, dict)
-                      and isinstance(o.get(head_dim), int) and not keep_heads})
+                   | {o[k] for o in per_layer.values() if isinstance(o, dict) for k in layer_heads(o)})
+    # a width kept real for the RoPE lists is a fixed point: a wider head stays wider than it (Hunyuan-V4's indexer
+    # head holds the rope part: `index_head_dim >= qk_rope_head_dim`)
+    kept = {d[k] for k in head_keys if k in rope_keys}
     small_of: dict[int, int] = {}
     low = HEAD_DIM_FLOOR
     for real in reals:
+        low = max([low] + [k + 1 for k in kept if k < real])
         v = next((v for v in range(low, real) if v % m == real % m and head_ok(v, real)), real)
         small_of[real] = v
         low = v + 1
     for key in head_keys:
         if key not in rope_keys:
             put(d, key, small_of[d[key]], key)
+    real_top = {k: config_dict[k] for k in (head_dim, nope, rope) if isinstance(config_dict.get(k), int)}
     for layer, override in per_layer.items():
-        if isinstance(override, dict) and isinstance(override.get(head_dim), int) and not keep_heads:
-            put(override, head_dim, small_of[override[head_dim]], f"{per_layer_key}.{layer}.{head_dim}")
-    nope, rope = V.MLA_NOPE_HEAD_DIM.canonical, V.MLA_ROPE_HEAD_DIM.canonical
+        if not isinstance(override, dict):
+            continue
+        real_override = (config_dict.get(per_layer_key) or {}).get(layer) or {}
+        real_layer = {**real_top, **{k: real_override[k] for k in (head_dim, nope, rope)
+                                     if isinstance(real_override.get(k), int)}}
+        for key in layer_heads(override):
+            put(override, key, small_of[override[key]], f"{per_layer_key}.{layer}.{key}")
+        _keep_mla_sum(real_layer, {**d, **override}, lambda v, o=override, lay=layer: put_new(
+            o, head_dim, v, f"{per_layer_key}.{lay}.{head_dim}", real_layer[head_dim]))
+    _keep_mla_sum(real_top, d, lambda v: put(d, head_dim, v, head_dim))
     if isinstance(d.get(derived_key), int) and isinstance(d.get(nope), int):
         put(d, derived_key, d[nope] + d.get(rope, 0), derived_key)
     if derived_head and real_head:
         small_head = d[head_dim] if isinstance(d.get(head_dim), int) else small_of.get(real_head)
+        if small_head is None and keep_head_widths:
+            small_head = real_head
         if small_head is None:
             small_head = next((v for v in range(HEAD_DIM_FLOOR, real_head) if v % m == real_head % m
                                and head_ok(v, real_head)), real_head)
@@ -230,6 +268,14 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
         for k in V.attrs_of(*V.SCALED_WIDTHS):
             if isinstance(target.get(k), int) and not isinstance(target.get(k), bool):
                 put(target, k, _same_residue(target[k], m, WIDTH_FLOOR), prefix + k)
+            elif isinstance(target.get(k), list) and target[k] and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in target[k]):
+                # one width per expert kind (Ernie-4.5-VL-MoE's text and vision experts): each scaled alone
+                small = [_same_residue(x, m, WIDTH_FLOOR) for x in target[k]]
+                for i, (x, v) in enumerate(zip(target[k], small)):
+                    if x != v:
+                        shrunk[f"{prefix}{k}.{i}"] = [x, v]
+                target[k] = small
         for k, v in list(target.items()):
             if isinstance(v, dict) and k not in V.UNSCALED_SUBCONFIGS and V.ROPE_MARK not in k:
                 widths(v, f"{prefix}{k}.")
@@ -240,6 +286,16 @@ def shrink_config(config_dict: dict, tp_size: int) -> tuple[dict, dict[str, list
         if isinstance(d.get(k), int) and d[k] > MIN_VOCAB:
             put(d, k, _same_residue(d[k], m, MIN_VOCAB), k)
     return d, shrunk
+
+
+def _keep_mla_sum(real: dict, small: dict, set_head) -> None:
+    """A head width the real config (or one layer of it) defines as the sum of MLA's parts (`head_dim ==
+    qk_nope_head_dim + qk_rope_head_dim`, which Dots 3's validator requires of its sliding layers) stays their sum in
+    the small config: `set_head` is called with the small sum. Each part keeps its residue, so the sum does too."""
+    head_dim, nope, rope = V.HEAD_DIM_SUFFIX, V.MLA_NOPE_HEAD_DIM.canonical, V.MLA_ROPE_HEAD_DIM.canonical
+    if all(isinstance(real.get(k), int) for k in (head_dim, nope, rope)) and real[head_dim] == real[nope] + real[rope] \
+            and all(isinstance(small.get(k), int) for k in (nope, rope)):
+        set_head(small[nope] + small[rope])
 
 
 def _shrink_experts(d: dict, m: int, put) -> None:
@@ -316,13 +372,31 @@ def _text_route(config, model_class) -> tuple[Any, Any, str]:
     text, composite = seam.text_route(config)
     if not composite:
         return config, model_class, "whole model"
-    for name in seam.decoder_class_names(text):
+    for name in seam.decoder_class_names(text, near=model_class):
         cls = seam.model_class(name)
         if cls is not None:
             return text, cls, (f"text decoder only ({name} built from the {type(text).__name__}, where the plan "
                                f"lives); the other towers of {model_class.__name__} are not run")
     raise ParityUnavailableError(f"{model_class.__name__} is composite and transformers has no class for its text "
                                  f"config {text.model_type!r}: the parity check cannot build its decoder alone")
+
+
+def _refuse_unrunnable(cls, d: dict) -> None:
+    """Raise `ParityUnavailableError` with the specific reason when no forward of this class on token ids alone can
+    run, whatever the widths: its `forward` requires other inputs (PI0's robot `state`), or every decoder layer reuses
+    KV states another model computes (an assistant whose `num_kv_shared_layers` is all of its layers reads its target
+    model's `shared_kv_states`)."""
+    required = seam.required_forward_inputs(cls)
+    if required:
+        raise ParityUnavailableError(
+            f"{cls.__name__}.forward requires {', '.join(f'`{r}`' for r in required)}, which the parity check's "
+            "token-id input does not give: there is no sharded forward of it to compare")
+    layers_key, shared = key_of(d, V.LAYERS.attrs), d.get(V.KV_SHARED_LAYERS.canonical)
+    if layers_key and isinstance(shared, int) and shared >= d[layers_key] > 0:
+        raise ParityUnavailableError(
+            f"every decoder layer of {cls.__name__} reuses KV states another model computes "
+            f"({V.KV_SHARED_LAYERS.canonical} = {shared} of {d[layers_key]} layers: an assistant reads its target "
+            "model's): its forward does not run alone, so there is no sharded forward of it to compare")
 
 
 def _decoder_layers(model):
@@ -354,13 +428,17 @@ def _layer_lists(d: dict, n_layers: int) -> tuple[dict[str, list], dict[str, lis
     return per_layer, index_lists
 
 
-def _layer_signatures(model, config_dict: dict, n_layers: int) -> list[tuple] | None:
+def _layer_signatures(model, config_dict: dict, n_layers: int, keys=None) -> list[tuple] | None:
     """One signature per decoder layer: module classes, parameter names and shapes, and the layer's entry in every
-    per-layer config list (`layer_types`, ...). Layers with equal signatures are of the same kind."""
+    per-layer config list (`layer_types`, ...). Layers with equal signatures are of the same kind. `keys`: the
+    per-layer lists to read (those of the full config, for a subset whose length other lists may happen to have:
+    Ernie-4.5-VL-MoE's two `moe_intermediate_size` entries, one per expert kind, are not per layer)."""
     found = _decoder_layers(model)
     if found is None or len(found[1]) != n_layers:
         return None
     per_layer, index_lists = _layer_lists(config_dict, n_layers)
+    if keys is not None:
+        per_layer = {k: v for k, v in per_layer.items() if k in keys}
     overrides = _per_layer_overrides(config_dict)
     sigs = []
     for i, layer in enumerate(found[1]):
@@ -429,7 +507,8 @@ def _choose_layers(cls, config_cls, d: dict) -> tuple[dict, tuple[int, ...], lis
     for candidate in (keep, list(range(max(keep) + 1))):
         sub = _subset_layers(d, candidate, n, layer_key)
         try:
-            got = _layer_signatures(_meta_model(cls, config_cls, sub), sub, len(candidate))
+            got = _layer_signatures(_meta_model(cls, config_cls, sub), sub, len(candidate),
+                                    keys=set(_layer_lists(d, n)[0]))
         except Exception:  # noqa: BLE001 - a config that cannot take the subset: try the next candidate
             got = None
         if got is not None and [g[:2] for g in got] == [sigs[i][:2] for i in candidate] and \
@@ -527,26 +606,49 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
     cls = resolve_class(model_class)
     work, cls, scope = _text_route(config, cls)
     notes: list[str] = []
-    d = work.to_dict()
-    if d.pop(V.QUANTIZATION.canonical, None) is not None:
+    real = work.to_dict()
+    _refuse_unrunnable(cls, real)
+    top_k = next((k for k in V.EXPERTS_TOP_K.attrs if k in real and real[k] is None), None)
+    if top_k and key_of(real, V.EXPERTS.attrs):
+        # transformers' default DeepSeek-V2 config leaves its router's top-k unset: no forward runs at any size
+        real[top_k] = DEFAULT_TOP_K
+        notes.append(f"the config leaves {top_k} unset (None): the small model's router picks {DEFAULT_TOP_K} experts "
+                     "per token")
+    if real.pop(V.QUANTIZATION.canonical, None) is not None:
         notes.append("quantized model: parity ran on the unquantized small model (the split of quantized weights is "
                      "checked statically, not here)")
-    d, shrunk = shrink_config(d, tp_size)
-    vocab_key = key_of(d, (V.VOCAB.canonical,))
-    if vocab_key:
-        _remap_special_tokens(d, d[vocab_key])
-    d["dtype"] = "float32"
-    d["use_cache"] = False
-    for k in V.DROPPED_KEYS:
-        d.pop(k, None)
-    if tp_plan is not None:
-        d["base_model_tp_plan"] = dict(tp_plan)
     kernels = dict(KERNELS if kernels is None else kernels)
-    d.update(kernels)
+    vocab_key = key_of(real, (V.VOCAB.canonical,))
+
+    def prepare(keep_head_widths: bool) -> tuple[dict, dict]:
+        d, shrunk = shrink_config(real, tp_size, keep_head_widths=keep_head_widths)
+        if vocab_key:
+            _remap_special_tokens(d, d[vocab_key])
+        d["dtype"] = "float32"
+        d["use_cache"] = False
+        for k in V.DROPPED_KEYS:
+            d.pop(k, None)
+        if tp_plan is not None:
+            d["base_model_tp_plan"] = dict(tp_plan)
+        d.update(kernels)
+        return d, shrunk
+
     config_cls = type(work)
+    d, shrunk = prepare(False)
     with quiet_libraries(), seam.no_progress_bars():
-        d, layers, layer_notes = _choose_layers(cls, config_cls, d)
+        try:
+            d, layers, layer_notes = _choose_layers(cls, config_cls, d)
+        except Exception as e:  # noqa: BLE001 - retried with real head widths; a second failure is the caller's
+            d, shrunk = prepare(True)
+            d, layers, layer_notes = _choose_layers(cls, config_cls, d)
+            notes.append("attention head widths kept real: the model does not build with scaled ones "
+                         f"({short(f'{type(e).__name__}: {e}', 120)})")
         notes += layer_notes
+        count = sum(p.numel() for p in _meta_model(cls, config_cls, d).parameters())
+        if count > MAX_PARAMETERS:
+            raise ParityUnavailableError(
+                f"the small {cls.__name__} would hold {count:,} parameters ({count * 4:,} B in float32, more than the "
+                f"{MAX_PARAMETERS:,} the parity check allows itself): widths it cannot shrink keep it large")
         small_cfg = config_cls.from_dict(d)
         if tp_plan is not None:
             small_cfg.base_model_tp_plan = dict(tp_plan)

@@ -178,6 +178,9 @@ EXPERT_GROUPS_PICKED = ConfigRole("expert_groups_picked", ("topk_group",),
                                   "Groups the group-limited router picks its experts from.")
 FIRST_DENSE_LAYERS = ConfigRole("first_dense_layers", ("first_k_dense_replace",),
                                 "Dense layers before the first MoE layer (DeepSeek-V3).")
+KV_SHARED_LAYERS = ConfigRole("kv_shared_layers", ("num_kv_shared_layers",),
+                              "Trailing layers that reuse earlier layers' KV states (all of them: an assistant model "
+                              "that reads its target model's).")
 ROTARY_FRACTION = ConfigRole("rotary_fraction", ("partial_rotary_factor", "rotary_pct"),
                              "The fraction of a head rotary embeddings cover.")
 ROTARY_DIM = ConfigRole("rotary_dim", ("rotary_dim",), "An absolute rotary width.")
@@ -200,7 +203,7 @@ CONFIG_ROLES: tuple[ConfigRole, ...] = (
     HEAD_DIM, LINEAR_KEY_HEAD_DIM, LINEAR_VALUE_HEAD_DIM, LINEAR_HEAD_DIM, MLA_NOPE_HEAD_DIM, MLA_ROPE_HEAD_DIM,
     MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM, MAMBA_HEAD_DIM, INDEXER_HEAD_DIM,
     LAYERS, EXPERTS, SHARED_EXPERTS, EXPERTS_TOP_K, EXPERT_GROUPS, EXPERT_GROUPS_PICKED, FIRST_DENSE_LAYERS,
-    ROTARY_FRACTION, ROTARY_DIM, LAYER_TYPES, PER_LAYER_CONFIG, SLIDING_WINDOW, ATTENTION_CHUNK, LINEAR_CONV_KERNEL,
+    KV_SHARED_LAYERS, ROTARY_FRACTION, ROTARY_DIM, LAYER_TYPES, PER_LAYER_CONFIG, SLIDING_WINDOW, ATTENTION_CHUNK, LINEAR_CONV_KERNEL,
     MAX_POSITIONS, QUANTIZATION,
 )
 """Every config role, each once."""

@@ -237,14 +237,16 @@ def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
         if g.generic_name in replicated_names:
             entry["replicated_bytes"] += g.total_bytes
     status = "no_plan" if any(f.kind == "no_plan" for f in report.findings) else "ok"
+    parity_json = report.parity.to_json() if report.parity is not None else None
+    if parity_error is not None and parity_json is not None:
+        parity_json["reason"] = f"could not run: {parity_error}"
     return ScanResult(
         model_type, status, architecture=class_name, total_param_bytes=report.total_param_bytes,
         worst_rank_param_bytes=report.worst_rank_param_bytes, replicated_bytes=report.replicated_bytes,
         replicated=[{"name": f.name, "bytes": f.bytes, "count": f.count, "severity": f.severity}
                     for f in report.replicated],
         unused_rules=list(report.unused_rules), findings=[f.to_json() for f in report.findings],
-        components=components, parity=report.parity.to_json() if report.parity is not None else None,
-        parity_error=parity_error, seconds=time.perf_counter() - start)
+        components=components, parity=parity_json, parity_error=parity_error, seconds=time.perf_counter() - start)
 
 
 def _row(model_type: str, tp_size: int, parity: str) -> dict:
