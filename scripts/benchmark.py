@@ -44,9 +44,13 @@ And the parity check (`--section parity`, `scripts/benchmark_parity.py --section
 the isolation re-runs of the breaking plans of tests/test_parity.py against their first run (goal: at most 3x), and
 a second check of DeepSeek-V3 at tp 8 served from the parity cache (goal: under 0.5 s in the evidence stage).
 
+And the whole-zoo scan with and without `--parity` (`--section scan-parity`): wall time and peak RSS of every process
+of the scan together (psutil samples of the process tree; goal: `scan --parity` under 2 GiB, issue #35).
+
 Usage:
     python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...]
-                                [--section all|check|headers|batch|tests|parity]
+                                [--section all|check|headers|batch|tests|parity|scan-parity]
+                                [--scan-jobs 2] [--model-type TYPE ...]
 """
 
 from __future__ import annotations
@@ -184,9 +188,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about a minute)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
-    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests", "parity"), default="check")
+    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests", "parity", "scan-parity"),
+                    default="check")
     ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
+    ap.add_argument("--scan-jobs", default="2", help="--jobs of the scan-parity section")
+    ap.add_argument("--model-type", action="append", help="scan-parity: these model types only (default: all)")
     args = ap.parse_args()
+    if args.section == "scan-parity":
+        return scan_parity(args.scan_jobs, args.model_type)
     if args.section == "batch":
         batch_throughput(args.batch_tp)
         return 0
@@ -206,6 +215,55 @@ def main() -> int:
         batch_throughput(args.batch_tp)
         fast_loop(1)
         parity()
+        scan_parity(args.scan_jobs, None)
+    return 0
+
+
+SCAN_PARITY_RSS_GOAL = 2 * 2**30
+"""The whole-zoo `scan --parity`'s peak resident memory, every process of it together (issue #35)."""
+
+
+def run_tree(cmd: list[str], interval: float = 0.2) -> tuple[float, int, int]:
+    """`(wall seconds, peak RSS bytes, exit code)` of `cmd`, the RSS summed over the process and all its descendants
+    (scan's worker processes), sampled every `interval` seconds with psutil (`ru_maxrss` is one process's peak)."""
+    import psutil
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore", "TPAUDIT_NO_PARITY_CACHE": "1"})
+    peak = 0
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        total = 0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        peak = max(peak, total)
+        time.sleep(interval)
+    return time.perf_counter() - start, peak, proc.returncode
+
+
+def scan_parity(jobs: str, model_types: list[str] | None) -> int:
+    """The whole-zoo scan with and without `--parity`: wall time and peak RSS of all its processes together."""
+    base = [PY, "-m", "tpaudit", "scan", "--tp", "4", "--format", "json", "--jobs", jobs]
+    for t in model_types or []:
+        base += ["--model-type", t]
+    what = f"{len(model_types)} model types" if model_types else "whole zoo"
+    print(f"
+scan of the {what}, --jobs {jobs} (peak RSS: every process of the scan together):", flush=True)
+    peaks = {}
+    for name, cmd in (("scan", base), ("scan --parity", base + ["--parity"])):
+        wall, peak, code = run_tree(cmd)
+        peaks[name] = peak
+        print(f"  {wall:7.1f} s  {peak / 2**20:8.0f} MiB  exit {code}  {name}", flush=True)
+    ok = peaks["scan --parity"] <= SCAN_PARITY_RSS_GOAL
+    print(f"  scan --parity peak RSS {peaks['scan --parity'] / 2**30:.2f} GiB (goal {SCAN_PARITY_RSS_GOAL / 2**30:.0f} "
+          f"GiB)  {'ok' if ok else 'OVER'}")
     return 0
 
 

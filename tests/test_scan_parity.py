@@ -139,3 +139,13 @@ def test_the_nine_types_get_a_verdict_or_a_specific_reason():
     assert inspect.signature(PI0ForConditionalGeneration.forward).parameters["state"].default is inspect._empty
     row = scan_one("pi0", 4, "auto")
     assert row.status == "ok" and row.parity_outcome == "could_not_run" and "`state`" in row.parity_error
+
+
+def test_workers_are_replaced_after_max_tasks_per_child():
+    import os
+
+    from tpaudit.run.executor import run_tasks
+
+    pids = [pid for _, pid in run_tasks(os.getpid, [(), (), ()], jobs=1, max_tasks_per_child=1)]
+    assert len(set(pids)) == 3 and os.getpid() not in pids      # one fresh worker per task, none of them here
+    assert [pid for _, pid in run_tasks(os.getpid, [(), ()], jobs=1)] == [os.getpid()] * 2  # no recycling: here

@@ -80,7 +80,8 @@ def ray_available() -> bool:
 def run_tasks(fn: Callable[..., Any], tasks: Sequence[tuple], *, jobs: int | None = None,
               executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
               initializer: Callable[[], None] | None = None,
-              propagate: tuple[type[BaseException], ...] = ()) -> Iterator[tuple[tuple, Any]]:
+              propagate: tuple[type[BaseException], ...] = (),
+              max_tasks_per_child: int | None = None) -> Iterator[tuple[tuple, Any]]:
     """Run `fn(*task)` for every task and yield `(task, result or TaskFailed)` as each finishes.
 
     Args:
@@ -93,6 +94,10 @@ def run_tasks(fn: Callable[..., Any], tasks: Sequence[tuple], *, jobs: int | Non
             instance, with no dashboard and no usage report.
         initializer (`Callable`, *optional*): run once in each local worker process before its first task.
         propagate (`tuple[type]`, *optional*): exception types re-raised here instead of becoming a `TaskFailed`.
+        max_tasks_per_child (`int`, *optional*): replace a local worker process after this many tasks, so that what
+            a task leaves behind (allocator pools, caches of the models it built) is returned to the system with its
+            process. With more tasks than this, even `jobs=1` runs them in one worker process at a time rather than
+            here. `None`: workers live as long as the run.
 
     Yields:
         `(task, outcome)`: in task order with one job, in completion order otherwise.
@@ -107,7 +112,8 @@ def run_tasks(fn: Callable[..., Any], tasks: Sequence[tuple], *, jobs: int | Non
         return
     if executor == "ray":
         yield from _run_ray(fn, tasks, jobs, ray_address, propagate)
-    elif jobs is None or jobs <= 1 or len(tasks) <= 1:
+    elif (jobs is None or jobs <= 1 or len(tasks) <= 1) and not (max_tasks_per_child
+                                                                  and len(tasks) > max_tasks_per_child):
         for task in tasks:
             try:
                 yield task, fn(*task)
@@ -120,7 +126,7 @@ def run_tasks(fn: Callable[..., Any], tasks: Sequence[tuple], *, jobs: int | Non
                     traceback.print_exception(e)
                 yield task, TaskFailed("internal", _describe(e))
     else:
-        yield from _run_pool(fn, tasks, jobs, initializer, propagate)
+        yield from _run_pool(fn, tasks, max(1, jobs or 1), initializer, propagate, max_tasks_per_child)
 
 
 def _call(fn, task):
@@ -158,12 +164,12 @@ def _outcome(value, propagate):
     return value
 
 
-def _run_pool(fn, tasks, jobs, initializer, propagate) -> Iterator[tuple[tuple, Any]]:
+def _run_pool(fn, tasks, jobs, initializer, propagate, max_tasks_per_child=None) -> Iterator[tuple[tuple, Any]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=initializer)
+                               initializer=initializer, max_tasks_per_child=max_tasks_per_child)
     try:
         futures = {pool.submit(_call, fn, task): task for task in tasks}
         for future in as_completed(futures):

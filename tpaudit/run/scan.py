@@ -26,6 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCAN_SCHEMA = "tpaudit/scan/v1"
+PARITY_TASKS_PER_WORKER = 40
+"""With the parity check, a worker process is replaced after this many model types (and a scan of more types runs
+in a worker even with `--jobs 1`): the small models' forwards leave allocator pools and caches behind that only the
+process's end returns. Measured on the whole 5.25 zoo: see `scripts/benchmark.py --section scan-parity`."""
 COMPONENTS = ("attention", "mlp", "experts", "shared_experts", "embeddings", "head", "vision", "audio")
 
 
@@ -340,8 +344,10 @@ def scan(*, tp_size: int = 4, selected: list[str] | None = None, jobs: int | Non
     if jobs > 1 and len(types) <= 4 and selected is not None:
         jobs = 1  # starting workers (each imports torch and transformers) costs more than a few models
     rows = []
+    recycle = PARITY_TASKS_PER_WORKER if parity != "off" else None
     for (model_type, _, _), outcome in run_tasks(_row, [(t, tp_size, parity) for t in types], jobs=jobs,
-                                                 initializer=_worker_init, propagate=(UnsupportedVersionError,)):
+                                                 initializer=_worker_init, propagate=(UnsupportedVersionError,),
+                                                 max_tasks_per_child=recycle):
         if isinstance(outcome, TaskFailed):  # a tpaudit bug (exit 4), or a worker that stopped
             status = "internal_error" if outcome.kind == "internal" else "build_failed"
             reason = internal_error_reason(outcome.error, f"'tpaudit scan --model-type {model_type}'") \
