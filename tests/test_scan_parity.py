@@ -149,3 +149,33 @@ def test_workers_are_replaced_after_max_tasks_per_child():
     pids = [pid for _, pid in run_tasks(os.getpid, [(), (), ()], jobs=1, max_tasks_per_child=1)]
     assert len(set(pids)) == 3 and os.getpid() not in pids      # one fresh worker per task, none of them here
     assert [pid for _, pid in run_tasks(os.getpid, [(), ()], jobs=1)] == [os.getpid()] * 2  # no recycling: here
+
+
+def test_library_warnings_are_collected_into_the_report_once_each_with_a_count(monkeypatch, tmp_path, capfd):
+    import warnings
+
+    from tpaudit.run import scan as scan_module
+
+    real = scan_module._scan_one
+
+    def noisy(model_type, tp_size, parity="off"):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.get_logger("transformers.integrations.hub_kernels").warning(
+            "`chunk_kda` is falling back to its reference PyTorch implementation")
+        warnings.warn(f"{model_type} config is odd", UserWarning)
+        return real(model_type, tp_size, parity)
+
+    monkeypatch.setattr(scan_module, "_scan_one", noisy)
+    out = tmp_path / "scan.json"
+    proc = run_main("scan", "--tp", "4", "--jobs", "1", "--model-type", "llama", "--model-type", "qwen2",
+                    "--format", "json", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "falling back" not in proc.stderr + capfd.readouterr().err  # nothing reached the terminal
+    doc = json.loads(out.read_text())
+    assert doc["library_warnings"][0] == {
+        "message": "transformers: `chunk_kda` is falling back to its reference PyTorch implementation", "count": 2}
+    assert {"message": "UserWarning: llama config is odd", "count": 1} in doc["library_warnings"]
+    md = run_main("scan", "--tp", "4", "--jobs", "1", "--model-type", "llama", "--format", "markdown")
+    said = md.stdout.split("transformers and torch said:")[1]
+    assert "1x transformers:" in said and "1x UserWarning: llama config is odd" in said

@@ -325,3 +325,46 @@ def required_forward_inputs(model_class) -> list[str]:
         return []
     return [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in ("self", "input_ids")
             and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+
+
+@contextlib.contextmanager
+def collected_library_messages():
+    """Collect what transformers' and torch's loggers and Python warnings say inside the block instead of letting it
+    reach the terminal (a kernel falling back to its reference implementation during a small model's forward);
+    yields the list it fills, one `"transformers: <first line>"` (or `"<WarningClass>: ..."`) entry per message.
+
+    Source: transformers 5.25 `utils.logging` (the `transformers` library logger and its own handler, which
+    `integrations/hub_kernels.py`'s `logger.warning_once` writes through)."""
+    import logging
+    import warnings
+
+    got: list[str] = []
+
+    def line(text: object) -> str:
+        first = str(text).strip().splitlines()[0] if str(text).strip() else ""
+        return first[:300]
+
+    class _Collect(logging.Handler):
+        def emit(self, record):  # noqa: D102 - a logging.Handler
+            try:
+                got.append(f"{record.name.split('.')[0]}: {line(record.getMessage())}")
+            except Exception:  # noqa: BLE001 - a message that cannot be formatted is dropped, never raised
+                pass
+
+    handler = _Collect(logging.WARNING)
+    loggers = [logging.getLogger("transformers"), logging.getLogger("torch")]
+    saved = [(lg, list(lg.handlers), lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.propagate = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            try:
+                yield got
+            finally:
+                got.extend(f"{w.category.__name__}: {line(w.message)}" for w in caught)
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.handlers = handlers
+            lg.propagate = propagate

@@ -33,6 +33,11 @@ def _parity_notes(report: ScanReport) -> list[tuple[str, str]]:
     return out
 
 
+def _warning_lines(report: ScanReport) -> list[str]:
+    """One line per distinct message transformers or torch gave during the scan, with its count."""
+    return [f"{count}x {message}" for message, count in report.library_warnings]
+
+
 @renderer("scan", "table", rich=True, width=200)
 def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_) -> None:
     """Print one row per model type (status, error count, replicated bytes and share, error families) on `console`."""
@@ -60,6 +65,10 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
         console.print(Text(line, style="bold"))
         for model_type, why in _parity_notes(report):
             console.print(Text(inert(f"  {model_type}: parity could not run: {shorten(why, 320)}"), style="dim"))
+    if lines := _warning_lines(report):
+        console.print(Text(f"transformers and torch said ({plural(len(lines), 'distinct message')}):", style="bold"))
+        for line in lines:
+            console.print(Text(inert(f"  {shorten(line, 320)}"), style="dim"))
 
 
 @renderer("scan", "markdown")
@@ -81,6 +90,8 @@ def render_markdown(report: ScanReport, **_) -> str:
     if notes:
         lines += ["", "Parity could not run (the static audit above stands):", ""]
         lines += [f"- {code(t)}: {prose(shorten(why, 320))}" for t, why in notes]
+    if said := _warning_lines(report):
+        lines += ["", "transformers and torch said:", ""] + [f"- {prose(shorten(w, 320))}" for w in said]
     return "\n".join(lines) + "\n"
 
 
@@ -169,6 +180,7 @@ def render_html(report: ScanReport, **_) -> str:
         + (f"<p>{esc(line)}.</p>" if (line := parity_summary(report)) is not None else "")
         + "".join(f"<p class=\"note\">{esc(t)}: parity could not run: {esc(shorten(why, 320))}</p>"
                   for t, why in _parity_notes(report))
+        + "".join(f"<p class=\"note\">{esc(shorten(w, 320))}</p>" for w in _warning_lines(report))
         + "<p class=\"legend\"><span style=\"background:rgb(0,200,70)\"></span>0% "
         "<span style=\"background:rgb(255,200,70)\"></span>50% <span style=\"background:rgb(255,0,70)\"></span>100% "
         "replicated</p>"

@@ -76,6 +76,8 @@ class ScanResult:
             option that skips it; the row keeps the static audit's status and findings (`parity` then says it did not
             run).
         seconds (`float`): wall time of this row.
+        warnings (`list[str]`): what transformers and torch logged or warned while this row was scanned, one entry per
+            message (`"transformers: ..."`), collected instead of printed.
     """
 
     model_type: str
@@ -92,6 +94,7 @@ class ScanResult:
     parity: dict | None = None
     parity_error: str | None = None
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> int:
@@ -147,6 +150,8 @@ class ScanResult:
             out["parity"] = self.parity
         if self.parity_error is not None:
             out["parity_error"] = self.parity_error
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return out
 
     @classmethod
@@ -157,7 +162,7 @@ class ScanResult:
                                               "parity_error")},
                    replicated=row.get("replicated") or [], unused_rules=row.get("unused_rules") or [],
                    findings=row.get("findings") or [], components=row.get("components") or {},
-                   seconds=row.get("seconds") or 0.0)
+                   seconds=row.get("seconds") or 0.0, warnings=row.get("warnings") or [])
 
 
 def model_types() -> list[str]:
@@ -177,6 +182,17 @@ def _first_lines(e: BaseException) -> str:
 
 
 def scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
+    """`_scan_one`, with what transformers and torch log or warn meanwhile collected into the row (`warnings`) instead
+    of reaching the terminal between the scan's own lines."""
+    from ..compat.parity import collected_library_messages
+
+    with collected_library_messages() as said:
+        row = _scan_one(model_type, tp_size, parity)
+    row.warnings = list(said)
+    return row
+
+
+def _scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
     """Build `model_type`'s default config on the meta device at full depth and simulate it at `tp_size`.
 
     What transformers refuses is a row: a default config it cannot make, or a model class that does not build from
@@ -301,11 +317,23 @@ class ScanReport:
         counts = {k: outcomes.count(k) for k in ("passed", "failed", "could_not_run", "not_checked")}
         return {"checked": counts["passed"] + counts["failed"], **counts}
 
+    @property
+    def library_warnings(self) -> list[tuple[str, int]]:
+        """Each distinct message transformers or torch logged or warned during the scan, with how many times the
+        rows saw it, most frequent first (a `warning_once` message counts once per worker process)."""
+        counts: dict[str, int] = {}
+        for m in self.models:
+            for w in m.warnings:
+                counts[w] = counts.get(w, 0) + 1
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
     def to_json(self) -> dict[str, Any]:
         out = {"schema": SCAN_SCHEMA, "tp_size": self.tp_size, "versions": self.versions,
                "selected": self.selected, "seconds": round(self.seconds, 1), "counts": self.counts}
         if (parity := self.parity_counts) is not None:
             out["parity_counts"] = parity
+        if said := self.library_warnings:
+            out["library_warnings"] = [{"message": m, "count": c} for m, c in said]
         out["models"] = [m.to_json() for m in self.models]
         return out
 
