@@ -77,3 +77,28 @@ def test_a_confirmed_parity_error_diverges_in_a_real_load_and_its_fix_matches(fi
     # the parity check agrees with the fix
     result = run_parity(config, case["model_class"], {**shipped, **case["plan_fix"]}, case["tp_size"])
     assert result.passed is True, result
+
+
+LONGCAT = {"vocab_size": 64, "hidden_size": 64, "num_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "head_dim": 8,
+           "v_head_dim": 8, "ffn_hidden_size": 32, "moe_topk": 2, "n_routed_experts": 4, "zero_expert_num": 2,
+           "expert_ffn_hidden_size": 16}
+
+
+def test_longcat_flash_shipped_plan_loads_and_matches_so_parity_reports_no_error(tmp_path):
+    """transformers 5.24 splits LongCat-Flash's experts with `packed_colwise` / `rowwise` under `moe_tp_experts` and
+    divides the identity ("zero") experts' input by tp_size (`moe_identity_expert`): each rank's expert outputs are
+    partial sums the experts module all-reduces. A real load matches the unsharded forward, so the parity check must
+    not call the experts' rules errors (it once compared the identity expert's partial output). 5.25 moves the
+    experts to an EP plan: the tp-only load keeps them whole and matches as well."""
+    from tpaudit.checks.layout import parity_findings
+    from tpaudit.evidence import run_parity
+    from transformers import AutoConfig
+
+    case = {"model_type": "longcat_flash", "model_class": "LongcatFlashForCausalLM", "config": LONGCAT, "tp_size": 2}
+    _save(case, tmp_path / "model")
+    real = _real_load(tmp_path / "model", case, tmp_path / "shipped.json", port=29633)
+    assert real["error"] is None and real["max_abs_error"] <= 1e-4 * real["scale"], real
+    result = run_parity(AutoConfig.for_model("longcat_flash", **LONGCAT), "LongcatFlashForCausalLM", None, 2)
+    assert result.passed is True, result
+    assert not [f for f in parity_findings(result) if f.severity == "error"]

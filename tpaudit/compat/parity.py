@@ -368,3 +368,12 @@ def collected_library_messages():
         for lg, handlers, propagate in saved:
             lg.handlers = handlers
             lg.propagate = propagate
+
+
+REDUCING_STYLES = frozenset({"moe_tp_experts"})
+"""Styles whose module all-reduces its own output across the ranks: inside it each rank computes a partial result
+(its share of every expert's hidden units; transformers 5.24's `moe_identity_expert` divides the identity expert's
+input by `tp_size` so that the sum restores it), so only the module's own output pairs with the unsharded one.
+
+Source: transformers 5.24/5.25 `distributed/tensor_parallel.py` (`MoeTensorParalellExperts` all-reduces the experts'
+output; `MoeIdentityParallel`'s docstring: "the moe_tp_experts will sum across GPUs")."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..compat import parity as seam
 from ..compat.logic import generic_name
 from ..compat.styles import is_own_split, is_split_output
 from .ranks import Recorder, RankRun, compare
@@ -47,8 +48,12 @@ def analyse(small: SmallModel, ref: Recorder, runs: list[RankRun], world: int, f
     observations = []
     reached: set[str] = set()
     matched: dict[str, bool] = {}   # generic module -> every call compared before the rank's failure matched
+    # modules whose ranks hold partial results until the module reduces them: an expert-parallel module (each rank
+    # computes other tokens) and a module whose style all-reduces its output (`compat.parity.REDUCING_STYLES`: each
+    # rank's experts, and 5.24's identity expert pre-divided by tp_size, are partial sums inside it)
     ep_scopes = [name for name, _ in small.reference.named_modules()
-                 if ep_size > 1 and name and rule_for(small.ep_plan, name, is_param=False)[0] is not None]
+                 if name and ((ep_size > 1 and rule_for(small.ep_plan, name, is_param=False)[0] is not None)
+                              or rule_at_load(small, name, False, ep_size, overrides)[1] in seam.REDUCING_STYLES)]
     for run in runs:
         rec = run.recorder
         if rec is None:
