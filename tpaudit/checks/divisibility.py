@@ -11,7 +11,7 @@ from typing import Iterable
 
 from ..compat.styles import COLWISE_GATHER_OUTPUT
 from ..metamodel import vocabulary as V
-from ..model import Finding, ParamGroup
+from ..model import Finding, FixOption, ParamGroup
 from ._shapes import chunk, is_quant_companion, leaf_module, role
 from .registry import CheckContext, rule
 
@@ -142,7 +142,9 @@ def check_indivisible_dim(ctx: CheckContext) -> Iterable[Finding]:
                      f"(rules on {', '.join(f'`{f}`' for f in families[:3])}{' ...' if len(families) > 3 else ''})"),
             fix=f"Use a tp_size that divides {size} ({valid}), or pad `{target.rpartition('.')[2]}` to a multiple "
                 f"of {tp}",
-            facts={"value": size, "tp_size": tp, "per_rank": per_rank, "params": families})
+            facts={"value": size, "tp_size": tp, "per_rank": per_rank, "params": families},
+            fix_options=size_fix_options(ctx, divisors, f"which divides {size}"),
+            fix_fallback=f"Pad `{target.rpartition('.')[2]}` to a multiple of {tp}")
 
 
 @rule("TPA102", "kv_heads_per_rank", severity="error", breaks_forward=False, suggest=None,
@@ -215,9 +217,31 @@ def check_kv_heads_per_rank(ctx: CheckContext) -> Iterable[Finding]:
                      "number; the KV cache and the sharded attention disagree"),
             fix=f"Use a tp_size dividing {heads} ({valid}), or gather the key projection's output "
                 f"({COLWISE_GATHER_OUTPUT}) so every rank holds all KV heads",
+            fix_options=size_fix_options(ctx, [d for d in range(2, heads + 1) if heads % d == 0],
+                                         f"which divides the {heads} KV heads"),
+            fix_fallback=(f"Gather the key projection's output ({COLWISE_GATHER_OUTPUT}) so every rank holds all "
+                          "KV heads"),
             facts={"kv_heads": heads, "tp_size": tp, "kv_heads_per_rank": heads / tp, "heads_by_rank": exact,
                    "layers": indices, "attribute": attr, "attribute_value": attr_value,
                    "transformers_kv_heads_per_rank": tf_answer})
+
+
+def size_fix_options(ctx: CheckContext, sizes: list[int], why: str) -> tuple[FixOption, ...]:
+    """The tp sizes a size fix names, for the run stage to re-check: of `sizes` (each > 1), the nearest below and
+    the nearest above the checked tp size, each also with the ep size transformers accepts on its ranks when the
+    model has an expert-parallel plan (its experts then split by expert)."""
+    from ..compat import backend
+
+    tp = ctx.shard_map.tp_size
+    below = [t for t in sizes if 1 < t < tp][-1:]
+    above = [t for t in sizes if t > tp][:1]
+    options = []
+    for t in below + above:
+        options.append(FixOption(f"Use --tp {t}, {why}", t, 1))
+        if ctx.plan.ep_rules:
+            options += [FixOption(f"Use --tp {t} --ep {ep}, {why}, with the experts split by expert", t, ep)
+                        for ep in backend().accepted_ep_sizes(t, range(2, t + 1))]
+    return tuple(options)
 
 
 def _raw_section(ctx: CheckContext) -> dict:

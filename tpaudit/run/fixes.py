@@ -54,11 +54,11 @@ def fix_text(finding: Finding, results: list[Recheck]) -> str:
         what = "; or ".join([clean[0].option.label] + [r.option.label[0].lower() + r.option.label[1:]
                                                          for r in clean[1:]])
         return f"{what} (re-checked with the whole check, load stage included: 0 errors)"
-    left = "; ".join(f"{r.option.label} still has " + (f"{len(r.errors)} error(s): {_remaining(r.errors)}"
-                                                        if r.exit_code == 1 else f"a refusal: {_remaining(r.errors)}")
+    left = "; ".join(f"{r.option.label} leaves " + (f"{len(r.errors)} error(s) ({_remaining(r.errors)})"
+                                                     if r.exit_code == 1 else f"a refusal ({_remaining(r.errors)})")
                      for r in results)
     rest = f" {finding.fix_fallback}" if finding.fix_fallback else ""
-    return f"No re-checked alternative is clean ({left}).{rest}"
+    return f"No re-checked alternative is clean: {left}.{rest}"
 
 
 def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_overrides=None, parity: str = "auto"):
