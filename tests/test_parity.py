@@ -14,6 +14,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, audit, read_json_any, transformers_release
+from releases import EXPERTS_IN_TP_PLANS, plan_524
 
 TOL_NOISE = 1e-4   # float32 reordering noise stays far below the 1e-4 relative tolerance of the check
 
@@ -61,6 +62,17 @@ def shipped(config_cls_name: str, **changes) -> dict:
     plan = dict(getattr(transformers, config_cls_name).base_model_tp_plan)
     plan.update(changes)
     return plan
+
+
+def moe_524(name: str, **changes) -> dict:
+    """The plan transformers 5.24.0 shipped for a MoE model (its experts split by TP rules, which 5.25 no longer
+    ships: `releases.plan_524`), with `changes`: the same plan under every release for tests about expert TP rules."""
+    return {**plan_524(name), **changes}
+
+
+def shipped_or_524(name: str):
+    """None (the shipped plan) where the installed release still ships expert TP rules, else 5.24.0's plan."""
+    return None if EXPERTS_IN_TP_PLANS else plan_524(name)
 
 
 LLAMA_PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
@@ -258,7 +270,7 @@ def test_split_outputs_found_by_evidence():
                          shipped("Phi3Config", **{"layers.*.self_attn.qkv_proj": "colwise",
                                                   "layers.*.mlp.gate_up_proj": "colwise"}), 4)
     assert {s.module for s in phi3} == {"model.layers.*.self_attn.qkv_proj", "model.layers.*.mlp.gate_up_proj"}
-    moe = split_outputs(snap_config("qwen3-30b-a3b"), "Qwen3MoeForCausalLM", None, 4)
+    moe = split_outputs(snap_config("qwen3-30b-a3b"), "Qwen3MoeForCausalLM", shipped_or_524("qwen3-moe"), 4)
     assert [(s.module, s.rule, s.style) for s in moe] == [
         ("model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.gate_up_proj", "packed_colwise")]
 
@@ -313,8 +325,8 @@ def test_moe_gate_up_packed_colwise_valid_plain_colwise_wrong_unless_stored_per_
     from tpaudit.evidence import run_parity
 
     config = snap_config("qwen3-30b-a3b")
-    assert_cleared(run_parity(config, "Qwen3MoeForCausalLM", None, 4))
-    wrong = shipped("Qwen3MoeConfig", **{"layers.*.mlp.experts.gate_up_proj": "colwise"})
+    assert_cleared(run_parity(config, "Qwen3MoeForCausalLM", shipped_or_524("qwen3-moe"), 4))
+    wrong = moe_524("qwen3-moe", **{"layers.*.mlp.experts.gate_up_proj": "colwise"})
     result = run_parity(config, "Qwen3MoeForCausalLM", wrong, 2)
     assert_caught(result, "model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.gate_up_proj",
                   "colwise", "TPA501")
@@ -432,7 +444,8 @@ def test_gemma4_global_layers_split_their_kv_head():
     config = snap_config("gemma-4-26b-a4b")
     assert_cleared(run_parity(config, "Gemma4ForConditionalGeneration", None, 2))
     why = "its attention cannot split at tp_size 4: layer 5 has 2 KV heads (TPA102)"
-    result = run_parity(config, "Gemma4ForConditionalGeneration", None, 4, head_limited={"self_attn": why})
+    result = run_parity(config, "Gemma4ForConditionalGeneration", shipped_or_524("gemma4"), 4,
+                        head_limited={"self_attn": why})
     assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
     assert result.observed_layer == 5 and "invalid" in result.error and result.reruns == 1
     verdicts = status(result)
@@ -692,8 +705,8 @@ def test_two_wrong_rules_in_a_moe_plan_give_two_errors():
     show only in a re-run: both are reported, and the rules that held (q/k/v, the experts' down_proj) are cleared."""
     from tpaudit.evidence import run_parity
 
-    plan = shipped("Qwen3MoeConfig", **{"layers.*.mlp.experts.gate_up_proj": "colwise",
-                                        "layers.*.self_attn.o_proj": "colwise"})
+    plan = moe_524("qwen3-moe", **{"layers.*.mlp.experts.gate_up_proj": "colwise",
+                                   "layers.*.self_attn.o_proj": "colwise"})
     result = run_parity(snap_config("qwen3-30b-a3b"), "Qwen3MoeForCausalLM", plan, 2)
     assert result.first_divergent_module == "model.layers.*.self_attn.o_proj"
     found = assert_errors(result, {"model.layers.*.mlp.experts.gate_up_proj": "TPA501",
@@ -729,8 +742,8 @@ def test_the_parts_of_a_gated_query_decide_it_when_its_attention_cannot_run():
     from tpaudit.evidence import run_parity
 
     why = "its attention cannot split at tp_size 8: layer 3 has 2 KV heads (TPA102)"
-    result = run_parity(snap_config("qwen3.5-35b-a3b"), "Qwen3_5MoeForConditionalGeneration", None, 8,
-                        head_limited={"self_attn": why})
+    result = run_parity(snap_config("qwen3.5-35b-a3b"), "Qwen3_5MoeForConditionalGeneration",
+                        shipped_or_524("qwen3-5-moe"), 8, head_limited={"self_attn": why})
     assert_caught(result, "model.layers.*.self_attn.k_proj", "model.layers.*.self_attn.k_proj", "colwise", "TPA502")
     q_proj = result.verdict("model.layers.*.self_attn.q_proj")
     assert q_proj.status == "cleared" and "share of the unsharded parts" in q_proj.why
@@ -761,7 +774,7 @@ def test_a_run_that_compares_nothing_clears_nothing(monkeypatch):
     assert parity_findings(result) == []
     # through the pipeline: Qwen3-30B-A3B's experts gate_up_proj ([gate | up] per expert) under plain colwise
     # computes wrong numbers without raising; compared nowhere, the fused-name suspicion stays a warning
-    plan = shipped("Qwen3MoeConfig", **{"layers.*.mlp.experts.gate_up_proj": "colwise"})
+    plan = moe_524("qwen3-moe", **{"layers.*.mlp.experts.gate_up_proj": "colwise"})
     report = audit(str(FIXTURES / "qwen3-30b-a3b.snapshot.json.gz"), tp=2, plan=plan, parity="on")
     assert report.parity.ran and report.parity.passed is None and report.parity.reruns == 0
     layout = [(f.code, f.severity, f.target) for f in report.findings if f.code in ("TPA501", "TPA502")]
@@ -786,14 +799,18 @@ def test_where_parity_runs_every_rule_has_a_verdict_and_no_suspicion_is_left(nam
     failure is TPA102's (one problem, one finding), and its gated q_proj, once a warning, is decided by its parts.
     Cases 36 and 45 are plans that look wrong and are right (Llama 4's experts stored transposed, so `packed_rowwise`
     halves the 2 x intermediate output of `gate_up_proj`; DeepSeek-V2's `kv_b_proj` split by heads): the sharded
-    forward matches, so every rule it exercised is cleared and no TPA5xx is left at all."""
+    forward matches, so every rule it exercised is cleared and no TPA5xx is left at all. Qwen3-30B-A3B-FP8 and
+    Gemma-4-26B-A4B run it for their packed experts' gate_up_proj, which transformers 5.25 no longer splits by TP:
+    from that release on they are checked with the plan 5.24.0 shipped."""
     if name.startswith("case:"):
         from test_cases import materialise
 
         model, plan = materialise(name[5:], tmp_path)
         report = audit(str(model), tp=tp, plan=plan, parity="auto")
-    else:
-        report = audit(str(FIXTURES / f"{name}.snapshot.json.gz"), tp=tp, parity="auto")
+    else:   # the two MoE models' packed experts are split by TP rules only in 5.24.0's plan (5.25 splits them by EP)
+        moe = {"qwen3-30b-a3b-fp8": "qwen3-moe", "gemma-4-26b-a4b": "gemma4"}
+        report = audit(str(FIXTURES / f"{name}.snapshot.json.gz"), tp=tp,
+                       plan=shipped_or_524(moe[name]) if name in moe else None, parity="auto")
     parity = report.parity
     assert parity.ran and parity.verdicts, parity.reason
     assert not [f for f in report.findings if f.code in ("TPA501", "TPA502") and f.severity != "error"]
