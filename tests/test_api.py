@@ -88,8 +88,11 @@ def test_guard_allow_list_threshold_and_restore():
         {"code": "TPA102", "kind": "kv_heads_per_rank", "severity": "error", "target": "num_key_value_heads",
          "message": "m"},
         {"code": "TPA002", "kind": "unused_rule", "severity": "warning", "target": "x", "message": "m"}]}
-    findings = [Finding.from_json(f) for f in report["findings"]]   # as the guard reads its worker's report
-    replicated = report["replicated_bytes"]
+    from tpaudit.verify.guard import GuardReading
+
+    reading = GuardReading.from_json(report)                        # as the guard reads its worker's report
+    findings, replicated = reading.findings, reading.replicated_bytes
+    assert replicated == 1000 and reading.rank_param_bytes == () and reading.plan_snippet is None
     assert [f.code for f in tpaudit.strict_tp().blocking(findings, replicated)] == ["TPA001", "TPA102"]
     assert [f.code for f in tpaudit.strict_tp(allow=["model.layers.*.mlp.*"]).blocking(findings, replicated)] == \
         ["TPA102"]
@@ -124,3 +127,22 @@ def test_guard_refuses_a_transformers_without_what_it_wraps(monkeypatch):
     finally:
         monkeypatch.undo()
         compat.reset_for_tests()
+
+
+def test_the_guard_reads_a_report_as_typed_values():
+    """`GuardReading` takes exactly the fields the guard uses from the worker's report JSON and refuses a report whose
+    fields have other types (one message, never a `KeyError` deep in the guard)."""
+    from tpaudit.verify.guard import GuardReading
+
+    report = {"ranks": [{"rank": 0, "param_bytes": 10}, {"rank": 1, "param_bytes": 12}], "replicated_bytes": 4,
+              "findings": [{"code": "TPA001", "kind": "replicated_weight", "severity": "error", "target": "t",
+                            "message": "m", "facts": {"bytes_per_rank": 4}}],
+              "suggestion": {"snippet": "base_model_tp_plan = {}"}, "total_param_bytes": 22}
+    reading = GuardReading.from_json(report)
+    assert reading.rank_param_bytes == (10, 12) and reading.replicated_bytes == 4
+    assert reading.plan_snippet == "base_model_tp_plan = {}"
+    assert [(f.code, f.target, f.facts) for f in reading.findings] == [("TPA001", "t", {"bytes_per_rank": 4})]
+    for bad in ([], {"findings": {}}, {"ranks": [{"rank": 0}]}, {"replicated_bytes": "4"},
+                {"replicated_bytes": True}, {"suggestion": {"snippet": 3}}, {"findings": [{"code": "TPA001"}]}):
+        with pytest.raises(ValueError):
+            GuardReading.from_json(bad)

@@ -455,13 +455,20 @@ def test_max_context_for_rank_matches_a_linear_scan():
     one rounding), also with a cache dtype half the model's (odd bytes x 0.5 round half to even)."""
     from tpaudit.sizing import max_context_for_rank
 
-    kv = {"full_context_bytes_per_token_per_rank": [3, 0], "window_bytes_per_token_by_window": {"4": [10, 5]}}
+    from tpaudit.model import KVCacheSection
+
+    full_per_rank, window_per_rank = [3, 0], [10, 5]   # bytes per token: full-context layers, one window of 4 tokens
+    kv = KVCacheSection(dtype="bfloat16", itemsize=2, layers={"full": 1, "sliding": 1}, kv_heads=2,
+                        kv_heads_per_rank=1.0, bytes_per_token_per_rank=[13, 5],
+                        full_context_bytes_per_token_per_rank=full_per_rank, window_bytes_per_token_per_rank=[10, 5],
+                        windows=[4], window_bytes_per_token_by_window={"4": window_per_rank},
+                        bytes_per_token_whole_model=18, linear_state_bytes_per_sequence=0)
 
     def scan(rank, batch, scale, budget):
         best = 0
         for c in range(1, 2000):
-            full = kv["full_context_bytes_per_token_per_rank"][rank] * c
-            windowed = kv["window_bytes_per_token_by_window"]["4"][rank] * min(4, c)
+            full = full_per_rank[rank] * c
+            windowed = window_per_rank[rank] * min(4, c)
             if round((full + windowed) * batch * scale) <= budget:
                 best = c
         return best

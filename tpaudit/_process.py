@@ -106,7 +106,7 @@ def _collect_around_signature_parsing(on: bool) -> None:
     import inspect
 
     if on and _PARSE_SIGNATURE is None and callable(getattr(inspect, "_signature_fromstr", None)):
-        original = _PARSE_SIGNATURE = inspect._signature_fromstr
+        original = _PARSE_SIGNATURE = inspect._signature_fromstr  # type: ignore[attr-defined]  # private
 
         def parse_then_collect(*args, **kwargs):
             gc.freeze()  # what exists before the call is not walked below (the import phase freezes it anyway)
@@ -115,9 +115,9 @@ def _collect_around_signature_parsing(on: bool) -> None:
             finally:
                 gc.collect(0)  # the call's own objects only: its class, closures and copy of sys.modules
 
-        inspect._signature_fromstr = parse_then_collect
+        inspect._signature_fromstr = parse_then_collect  # type: ignore[attr-defined]
     elif not on and _PARSE_SIGNATURE is not None:
-        inspect._signature_fromstr = _PARSE_SIGNATURE
+        inspect._signature_fromstr = _PARSE_SIGNATURE  # type: ignore[attr-defined]
         _PARSE_SIGNATURE = None
 
 

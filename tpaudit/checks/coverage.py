@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Literal
 
 from ..compat.styles import is_embedding_style, is_experts_module_style
 from ..metamodel import vocabulary as V
@@ -58,7 +58,7 @@ def tower_root(ctx: CheckContext, name: str) -> str:
     return ".".join(parts[: i + 1])
 
 
-def rule_key_for(generic: str) -> tuple[str, str]:
+def rule_key_for(generic: str) -> tuple[str, Literal["module", "parameter"]]:
     """`(generic key, "module" | "parameter")` of the rule that would shard a parameter: the module path for a
     module's `weight`/`bias` and its quantization tensors (`layers.*.self_attn.q_proj`, which they follow), the
     parameter path for a bare parameter (`layers.*.mlp.experts.gate_up_proj`; its `_scale_inv` follows it)."""

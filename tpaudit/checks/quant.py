@@ -51,7 +51,7 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
     if world <= 1:
         return
     scheme = ctx.facts.quant
-    seen = {}
+    seen: dict = {}
     for unit in quant_units(ctx):
         for p in unit.members:
             if p.sharding != "sharded":

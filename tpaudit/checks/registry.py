@@ -36,9 +36,16 @@ import inspect
 import pkgutil
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
-from ..model import SEVERITY_ORDER, Finding, ParamShard, ShardMap
+from ..model import (SEVERITY_ORDER, Finding, LoadSection, ModelSource, ModuleFacts, ParamShard, ParityResult,
+                     QuantizationInfo, ShardMap)
+
+if TYPE_CHECKING:  # the earlier stages' values, named for the type checker only (no import at run time)
+    from ..metamodel import BuiltModel
+    from ..metamodel.facts import ModelFacts
+    from ..metamodel.mapping import CheckpointMapping
+    from ..plan import ResolvedPlan
 
 _CODE = re.compile(r"^TPA\d{3}$")
 _SECTION = re.compile(r"^\*\*(What it detects|Why it matters|Example|Fix|References)\*\*\s*$")
@@ -266,16 +273,16 @@ class CheckContext:
             `None` for a config-only source.
     """
 
-    built: Any
-    plan: Any
+    built: BuiltModel
+    plan: ResolvedPlan
     shard_map: ShardMap
     options: CheckOptions = field(default_factory=CheckOptions)
-    parity: Any = None
-    load: Any = None
+    parity: ParityResult | None = None
+    load: LoadSection | None = None
 
     # --- facts of the built model, by the names checks use
     @property
-    def source(self):
+    def source(self) -> ModelSource:
         return self.built.source
 
     @property
@@ -295,19 +302,19 @@ class CheckContext:
         return self.built.lm_head_names
 
     @property
-    def mapping(self):
+    def mapping(self) -> CheckpointMapping | None:
         return self.built.mapping
 
     @property
-    def quantization(self):
+    def quantization(self) -> QuantizationInfo | None:
         return self.built.quantization
 
     @property
-    def modules(self) -> dict:
+    def modules(self) -> dict[str, ModuleFacts]:
         return self.built.modules
 
     @property
-    def facts(self):
+    def facts(self) -> ModelFacts:
         """The model's facts (`facts.ModelFacts`): config values by the vocabulary's roles, per-layer geometry,
         modules, the quantization layout. Checks read these, never a live transformers config."""
         return self.built.facts
@@ -330,7 +337,7 @@ class CheckContext:
 
         return format_bytes(n, self.options.unit)
 
-    def module_of(self, param_name: str):
+    def module_of(self, param_name: str) -> ModuleFacts | None:
         """`ModuleFacts` of the module owning `param_name`, or `None`."""
         return self.built.modules.get(param_name.rpartition(".")[0])
 

@@ -125,11 +125,11 @@ def _main(argv: list[str] | None) -> int:
         return report_error(KeyboardInterrupt())
     except typer.TyperException as e:  # usage errors of typer's bundled click: one line, exit 2
         if type(e).__name__ == "NoArgsIsHelpError":
-            e.show()  # bare `tpaudit` / `tpaudit CMD`: the help is the answer
+            e.show()  # type: ignore[attr-defined]  # click's NoArgsIsHelpError; bare `tpaudit` / `tpaudit CMD`: the help is the answer
             return 2
         message = e.format_message() if hasattr(e, "format_message") else str(e)
-        command = getattr(getattr(e, "ctx", None), "command_path", None) or "tpaudit"
-        print(f"error: {' '.join(message.split()).rstrip('.')}. See '{command} --help'.", file=sys.stderr)
+        command_path = getattr(getattr(e, "ctx", None), "command_path", None) or "tpaudit"
+        print(f"error: {' '.join(message.split()).rstrip('.')}. See '{command_path} --help'.", file=sys.stderr)
         return int(getattr(e, "exit_code", 2) or 2)
     except KeyboardInterrupt as e:
         return report_error(e)

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated, Optional, TextIO
 
 import typer
 
@@ -33,7 +33,7 @@ class _Lines:
 
     def __init__(self, path: str):
         self.path = path
-        self.file = None
+        self.file: TextIO | None = None
 
     def add(self, line) -> None:
         if self.file is None:
@@ -126,7 +126,7 @@ def batch(
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="With --executor ray: a running cluster (auto, ray://HOST:10001); default: a local "
                               "Ray instance.")] = None,
-    format: format_option("batch") = "table",
+    format: format_option("batch") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     report: Annotated[Optional[str], typer.Option("--report", help="Write the summary to this file instead of "
                                                                    "stdout.")] = None,
     compare: Annotated[Optional[str], typer.Option(

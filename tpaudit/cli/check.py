@@ -29,7 +29,7 @@ def check(
     tp: TpOpt,
     ep: EpOpt = 1,
     plan: PlanOpt = None,
-    format: format_option("check") = "table",
+    format: format_option("check") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,

@@ -21,7 +21,7 @@ def scan(
                              "an error finding.")] = None,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker processes (default: CPU count).")]
     = None,
-    format: format_option("scan") = "table",
+    format: format_option("scan") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Full scan: exit 1 when any model type has an error "
                                                           "finding.")] = False,

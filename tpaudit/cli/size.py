@@ -4,7 +4,7 @@ context each option holds, from the exact per-rank simulation."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Optional, cast
 
 import typer
 
@@ -38,7 +38,7 @@ def _training_setup(training: bool, optimizer: str, master_weights: bool, grad_d
         UsageError: a training flag without `--training`, an unknown optimizer or dtype, a bad byte size.
     """
     from ..errors import UsageError
-    from ..sizing.training import OPTIMIZERS, STATE_DTYPE_BYTES, TrainingSetup
+    from ..sizing.training import OPTIMIZERS, STATE_DTYPE_BYTES, Optimizer, TrainingSetup
     from ..units import parse_bytes
 
     if not training:
@@ -62,7 +62,7 @@ def _training_setup(training: bool, optimizer: str, master_weights: bool, grad_d
             budget = parse_bytes(activation_budget, unit_required=True)
         except ValueError as e:
             raise UsageError(f"--activation-budget: {e}") from None
-    return TrainingSetup(optimizer=optimizer, master_weights=master_weights, grad_dtype=grad_dtype,
+    return TrainingSetup(optimizer=cast(Optimizer, optimizer), master_weights=master_weights, grad_dtype=grad_dtype,
                          optimizer_dtype=optimizer_dtype, activation_budget_bytes=budget)
 
 
@@ -101,7 +101,7 @@ def size(
         "--activation-budget", help="With --training: bytes per GPU reserved for activations (8GiB, 10GB); "
                                     "default 0.")] = None,
     plan: PlanOpt = None,
-    format: format_option("size") = "table",
+    format: format_option("size") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,

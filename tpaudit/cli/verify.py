@@ -29,7 +29,7 @@ def verify(
                                "Hub, directory, snapshot); nothing is downloaded but headers.")] = False,
     dtype: DtypeOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a hung load is stopped.")] = 900,
-    format: format_option("verify") = "table",
+    format: format_option("verify") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,

@@ -12,7 +12,8 @@ importing it live in `logic.py`, each pinned to the original by a test.
 exist with the parameters it passes (`_probe.Capability`), newest line first. A release whose probes pass runs; when it
 is not one tpaudit was tested with, `backend().untested` says so and every report repeats it. A release whose probes
 fail raises `UnsupportedVersionError` (exit 2) naming the release and what is missing. A new release line is one new
-module with a subclass that overrides what changed, and one entry in `LINES`.
+module with a subclass that overrides what changed, and one entry in `_lines()`. What a line offers is the `Seam`
+protocol (`_seam.py`): a line that lacks a member, or takes other parameters, fails when it is imported.
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ from __future__ import annotations
 from importlib import metadata
 
 from ..errors import UnsupportedVersionError
-from ._types import (ConfigReadError, EmptyPlanError, LoadStepError, ModuleFacts, PlanRejectedError,  # noqa: F401
-                     Placement, QuantizationInfo, Renamer, SeamError, ShardedParam, SourceSpec)
+from ._seam import Seam, require_seam
+from ._types import (ConfigReadError, EmptyPlanError, LoadStepError, ModuleFacts, PlanRejectedError, Placement,
+                     QuantizationInfo, Renamer, SeamError, ShardedParam, SourceSpec)
 
-_ACTIVE = None
+__all__ = ["ConfigReadError", "EmptyPlanError", "LoadStepError", "ModuleFacts", "PlanRejectedError", "Placement",
+           "QuantizationInfo", "Renamer", "Seam", "SeamError", "ShardedParam", "SourceSpec", "UnsupportedVersionError",
+           "backend", "installed_version", "require_installed", "reset_for_tests", "supported_range", "untested_note",
+           "versions"]
+
+_ACTIVE: Seam | None = None
 
 
 def installed_version(dist: str) -> str | None:
@@ -34,11 +41,16 @@ def installed_version(dist: str) -> str | None:
         return None
 
 
-def _lines():
+def _lines() -> tuple[type[Seam], ...]:
+    """The release lines, newest first, each checked against the `Seam` protocol (`TypeError` names what is missing).
+    """
     from .transformers_5_23 import Transformers523
     from .transformers_5_25 import Transformers525
 
-    return (Transformers525, Transformers523)  # newest first
+    lines: tuple[type[Seam], ...] = (Transformers525, Transformers523)  # newest first
+    for line in lines:
+        require_seam(line)
+    return lines
 
 
 def supported_range() -> str:
@@ -63,17 +75,18 @@ def require_installed() -> dict[str, str]:
     Raises:
         UnsupportedVersionError: transformers or torch is not installed.
     """
-    versions = {"transformers": installed_version("transformers"), "torch": installed_version("torch"),
-                "huggingface_hub": installed_version("huggingface_hub") or "unknown"}
-    for dist in ("transformers", "torch"):
-        if versions[dist] is None:
+    found = {"transformers": installed_version("transformers"), "torch": installed_version("torch")}
+    versions = {"huggingface_hub": installed_version("huggingface_hub") or "unknown"}
+    for dist, version in found.items():
+        if version is None:
             raise UnsupportedVersionError(
                 f"{dist} is not installed, and tpaudit simulates with it. Install it: "
                 f"pip install torch==2.13.0 'transformers{supported_range()}'")
-    return versions
+        versions[dist] = version
+    return {k: versions[k] for k in ("transformers", "torch", "huggingface_hub")}
 
 
-def backend():
+def backend() -> Seam:
     """The seam for the installed transformers and torch (probed once per process).
 
     Returns:
@@ -119,7 +132,7 @@ def tested_releases_text() -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def untested_note(tf=None) -> str | None:
+def untested_note(tf: Seam | None = None) -> str | None:
     """A sentence for reports when the installed transformers passed the probes but is not a tested release."""
     tf = tf or backend()
     if tf.tested:

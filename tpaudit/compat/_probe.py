@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Capability:
     def missing(self) -> str | None:
         """`None` when present with the expected parameters, else a few words saying what is wrong."""
         try:
-            obj = importlib.import_module(self.module)
+            obj: Any = importlib.import_module(self.module)
         except Exception as e:  # noqa: BLE001 - a module that fails to import is a missing capability
             return f"{self.module} cannot be imported ({type(e).__name__})"
         for part in self.path.split("."):
@@ -48,6 +50,6 @@ class Capability:
         return None
 
 
-def missing(capabilities) -> list[str]:
+def missing(capabilities: Iterable[Capability]) -> list[str]:
     """What is missing of `capabilities`, one entry each, in their order."""
     return [m for c in capabilities if (m := c.missing()) is not None]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from ._probe import Capability
 
@@ -21,7 +23,7 @@ CAPABILITIES = (
 
 
 @contextlib.contextmanager
-def fake_process_group(world_size: int):
+def fake_process_group(world_size: int) -> Iterator[bool]:
     """Join torch's `fake` backend as rank 0 of `world_size` for the duration of the block (no communication).
 
     Yields `True` when this block created the group, `False` when one was already initialised (e.g. under torchrun)
@@ -45,14 +47,15 @@ def fake_process_group(world_size: int):
         sys.excepthook = excepthook
 
 
-def device_mesh(shape: tuple[int, ...], names: tuple[str, ...]):
+def device_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
     """A CPU `DeviceMesh` of `shape` named `names` (`torch.distributed.init_device_mesh`)."""
     from torch.distributed import init_device_mesh
 
     return init_device_mesh("cpu", shape, mesh_dim_names=names)
 
 
-def local_shape(global_shape, mesh_shape, coordinate, placements) -> tuple[int, ...]:
+def local_shape(global_shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
+                placements: Sequence[Any]) -> tuple[int, ...]:
     """The shape a rank at mesh `coordinate` holds of a DTensor with `placements`.
 
     Source: torch 2.13 `distributed.tensor._utils._compute_local_shape_and_global_offset`, the function DTensor itself
@@ -65,7 +68,8 @@ def local_shape(global_shape, mesh_shape, coordinate, placements) -> tuple[int, 
     return tuple(int(x) for x in shape)
 
 
-def local_shape_and_offset(global_shape, mesh_shape, coordinate, placements) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def local_shape_and_offset(global_shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
+                           placements: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """`(local shape, global offset)` of the rank at mesh `coordinate` (see `local_shape`)."""
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
@@ -74,7 +78,7 @@ def local_shape_and_offset(global_shape, mesh_shape, coordinate, placements) -> 
     return tuple(int(x) for x in shape), tuple(int(x) for x in offset)
 
 
-def placement(kind: str, dim: int | None, split_factor: int = 1):
+def placement(kind: str, dim: int | None, split_factor: int = 1) -> Any:
     """The torch placement `describe_placement` described: `Shard(dim)`, `_StridedShard(dim, split_factor=sf)`,
     `Replicate()` or `Partial()`."""
     from torch.distributed.tensor import Partial, Replicate, Shard
@@ -89,7 +93,7 @@ def placement(kind: str, dim: int | None, split_factor: int = 1):
     return Replicate()
 
 
-def describe_placement(p) -> tuple[str, int | None, int, str]:
+def describe_placement(p: Any) -> tuple[str, int | None, int, str]:
     """`(kind, dim, split_factor, text)` of a torch placement: `("shard", 0, 1, "Shard(dim=0)")`,
     `("strided_shard", 1, 2, "_StridedShard(dim=1, sf=2)")`, `("replicate", None, 1, "Replicate()")`."""
     from torch.distributed.tensor import Partial, Replicate
@@ -105,14 +109,15 @@ def describe_placement(p) -> tuple[str, int | None, int, str]:
     return ("shard" if dim is not None else type(p).__name__.lower()), dim, 1, str(p)
 
 
-def is_dtensor(t) -> bool:
+def is_dtensor(t: object) -> bool:
+    """`isinstance(t, DTensor)`."""
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
 
 
 @contextlib.contextmanager
-def distribute_once(modules):
+def distribute_once(modules: Iterable[Any]) -> Iterator[None]:
     """While the block runs, `distribute_tensor` as `modules` call it (each binds the name at import) computes each
     distinct placeholder once and hands the same `DTensor` to every later call with the same inputs.
 
@@ -131,10 +136,11 @@ def distribute_once(modules):
     import torch
     from torch.distributed.tensor import distribute_tensor
 
-    memo: dict = {}
+    memo: dict[tuple[Any, ...], Any] = {}
     plain = (torch.Tensor, torch.nn.Parameter)
 
-    def distribute(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
+    def distribute(tensor: Any, device_mesh: Any = None, placements: Any = None, *, src_data_rank: int | None = 0) \
+            -> Any:
         if (src_data_rank is not None or device_mesh is None or placements is None or type(tensor) not in plain
                 or not tensor.is_meta or not tensor.is_leaf):
             return distribute_tensor(tensor, device_mesh, placements, src_data_rank=src_data_rank)

@@ -3,7 +3,19 @@ the built model object itself is the one exception (it only travels back into th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+# Objects of transformers and torch that cross the seam only to travel back into it: typed as `Any` (the libraries
+# are read as untyped), named for what they are.
+Model: TypeAlias = Any         # a `transformers.PreTrainedModel` (built on the meta device, or a user's)
+ModelClass: TypeAlias = Any    # a `PreTrainedModel` subclass
+Config: TypeAlias = Any        # a `transformers.PretrainedConfig`
+Quantizer: TypeAlias = Any     # a `transformers.quantizers.HfQuantizer`
+DistConfig: TypeAlias = Any    # a `transformers.distributed.DistributedConfig`
+TorchDtype: TypeAlias = Any    # a `torch.dtype`
+ResolvedPlans: TypeAlias = tuple[Any, ...]  # what `_resolve_parallel_plans` returned, handed back to `shard`
 
 
 @dataclass(frozen=True)
@@ -84,9 +96,9 @@ class QuantizationInfo:
     refused_by: str | None = None
     accepted_by: str | None = None
 
-    def to_json(self) -> dict:
-        out = {"method": self.method, "quantizer": self.quantizer, "ran": self.ran, "dequantize": self.dequantize,
-               "reason": self.reason, "gpu_view": self.gpu_view}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "quantizer": self.quantizer, "ran": self.ran,
+                               "dequantize": self.dequantize, "reason": self.reason, "gpu_view": self.gpu_view}
         if self.refused:  # only then: reports of configs that load keep their shape
             out.update(refused=True, refused_by=self.refused_by, accepted_by=self.accepted_by)
         return out
@@ -132,11 +144,11 @@ class Renamer:
             operations (deserialize or dequantize).
     """
 
-    rename: object
-    converters: dict = field(default_factory=dict)
-    siblings: object = None
-    dequantizing: frozenset = frozenset()
-    quantizer_ops: frozenset = frozenset()
+    rename: Callable[[str], tuple[str, str | None]]
+    converters: dict[str, Any] = field(default_factory=dict)
+    siblings: Callable[[str, str], list[str]] | None = None
+    dequantizing: frozenset[str] = frozenset()
+    quantizer_ops: frozenset[str] = frozenset()
 
 
 class SeamError(Exception):

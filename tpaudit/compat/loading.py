@@ -29,7 +29,10 @@ from __future__ import annotations
 from typing import Any
 
 from ._probe import Capability
-from ._types import LoadStepError, SourceSpec  # noqa: F401  (re-exported)
+from ._types import LoadStepError, SourceSpec, TorchDtype
+
+__all__ = ["CAPABILITIES", "LoadStepError", "RankReader", "SourceSpec", "convert", "decompressed_on_first_forward",
+           "natural_key", "packed_width_fallback", "rank_shard_operation"]
 
 CAPABILITIES = (
     Capability("transformers.distributed.sharding_utils", "DtensorShardOperation.shard_tensor",
@@ -58,7 +61,7 @@ class _Rank:
         return self._size
 
 
-def rank_shard_operation(global_shape: tuple[int, ...], placements: tuple, mesh_size: int, rank: int):
+def rank_shard_operation(global_shape: tuple[int, ...], placements: tuple[Any, ...], mesh_size: int, rank: int) -> Any:
     """transformers' `DtensorShardOperation` for a parameter of `global_shape` with torch `placements` on a 1-D mesh
     of `mesh_size` ranks, as rank `rank` holds it.
 
@@ -69,8 +72,8 @@ def rank_shard_operation(global_shape: tuple[int, ...], placements: tuple, mesh_
 
     from ._torch import local_shape_and_offset
 
-    class RankShardOperation(DtensorShardOperation):
-        def __init__(self):  # noqa: D401 - the replaced constructor: the same attributes, from the rank's coordinate
+    class RankShardOperation(DtensorShardOperation):  # type: ignore[misc]  # transformers is read as untyped
+        def __init__(self) -> None:  # noqa: D401 - the replaced constructor: the same attributes, from the rank's coordinate
             self.device_mesh = None
             self.placements = tuple(placements)
             self.param_ndim = len(global_shape)
@@ -80,7 +83,7 @@ def rank_shard_operation(global_shape: tuple[int, ...], placements: tuple, mesh_
             self._axis0_size = global_shape[0]
             self._rank = _Rank(rank, mesh_size)
 
-        def _get_sub_mesh(self, mesh_dim: int):
+        def _get_sub_mesh(self, mesh_dim: int) -> _Rank:
             return self._rank
 
     try:
@@ -89,7 +92,7 @@ def rank_shard_operation(global_shape: tuple[int, ...], placements: tuple, mesh_
         raise LoadStepError("read", "DtensorShardOperation", _one_line(e)) from None
 
 
-def natural_key(name: str):
+def natural_key(name: str) -> Any:
     """The loader's sort key for checkpoint names (`core_model_loading.dot_natural_key`)."""
     from transformers.core_model_loading import dot_natural_key
 
@@ -106,9 +109,9 @@ class RankReader:
         rank (`int`): the rank.
     """
 
-    def __init__(self, global_shape, placements, mesh_size: int, rank: int):
+    def __init__(self, global_shape: tuple[int, ...], placements: tuple[Any, ...], mesh_size: int, rank: int):
         self.op = rank_shard_operation(tuple(global_shape), tuple(placements), mesh_size, rank)
-        self._shapes: dict[tuple, tuple[int, ...] | None] = {}
+        self._shapes: dict[tuple[tuple[int, ...], bool], tuple[int, ...] | None] = {}
 
     def owned_flags(self, tensor_indices: list[int]) -> list[bool]:
         """For each checkpoint piece index, whether this rank's shard-on-read keeps the piece whole (an expert in its
@@ -118,7 +121,7 @@ class RankReader:
         end = start + op._axis0_local_size
         return [start <= i % size < end for i in tensor_indices]
 
-    def local_shape(self, spec: SourceSpec, torch_dtype) -> tuple[int, ...] | None:
+    def local_shape(self, spec: SourceSpec, torch_dtype: TorchDtype) -> tuple[int, ...] | None:
         """The shape this rank reads of `spec` (`None`: a per-expert piece it does not own, dropped).
 
         Raises:
@@ -136,7 +139,7 @@ class RankReader:
             self._shapes[key] = None if out is None else tuple(int(x) for x in out.shape)
         return self._shapes[key]
 
-    def materialize(self, spec: SourceSpec, torch_dtype, data: bool):
+    def materialize(self, spec: SourceSpec, torch_dtype: TorchDtype, data: bool) -> Any:
         """This rank's piece of `spec` as a tensor: on the meta device, or (`data`) a CPU tensor of zeros, with the
         real values sliced by `shard_tensor` where `spec.values` holds them. `None` when the rank drops it."""
         import torch
@@ -153,7 +156,7 @@ class RankReader:
         return torch.zeros(shape, dtype=torch_dtype) if data else torch.empty(shape, dtype=torch_dtype, device="meta")
 
 
-def convert(converter, target: str, collected: dict[str, list], model) -> dict[str, tuple[int, ...]]:
+def convert(converter: Any, target: str, collected: dict[str, list[Any]], model: Any) -> dict[str, tuple[int, ...]]:
     """Run `converter`'s operations, as `WeightConverter.convert` does, on the collected pieces of one rank.
 
     Args:
@@ -186,7 +189,7 @@ def convert(converter, target: str, collected: dict[str, list], model) -> dict[s
     return out
 
 
-def packed_width_fallback(converter, packed_cols: int) -> int | None:
+def packed_width_fallback(converter: Any, packed_cols: int) -> int | None:
     """The input size compressed-tensors' MoE decompression rebuilds when a rank's `weight_shape` arrives empty:
     `packed_cols * (32 // num_bits)` (exact only when `num_bits` divides 32). `None` when the converter has no
     `CompressedTensorsDequantize`.
@@ -202,10 +205,10 @@ def packed_width_fallback(converter, packed_cols: int) -> int | None:
     if op is None:
         return None
     scheme = op.scheme or get_experts_scheme(op.hf_quantizer.compressor.quantization_config)
-    return packed_cols * (32 // scheme.weights.num_bits)
+    return packed_cols * (32 // int(scheme.weights.num_bits))
 
 
-def decompressed_on_first_forward(model) -> dict[str, dict[str, tuple[tuple[int, ...], str]]] | None:
+def decompressed_on_first_forward(model: Any) -> dict[str, dict[str, tuple[tuple[int, ...], str]]] | None:
     """What compressed-tensors' decompression hook leaves in each compressed module after the first forward pass:
     `{module name: {parameter leaf: (global shape, torch dtype name)}}`; `None` when the model carries no such hook.
 
@@ -225,7 +228,7 @@ def decompressed_on_first_forward(model) -> dict[str, dict[str, tuple[tuple[int,
     from compressed_tensors.compressors.base import decompress_module
 
     out: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
-    done: dict[tuple, dict] = {}
+    done: dict[tuple[Any, ...], dict[str, tuple[tuple[int, ...], str]]] = {}
     for name, module in model.named_modules():
         if str(getattr(module, "quantization_status", "")).lower().rsplit(".", 1)[-1] != "compressed":
             continue

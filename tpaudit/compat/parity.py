@@ -96,7 +96,7 @@ def threaded_world() -> Iterator[Any]:
             hf_logging.enable_progress_bar()
 
 
-def init_rank(rank: int, world_size: int, store) -> None:
+def init_rank(rank: int, world_size: int, store: Any) -> None:
     """Join the threaded world as `rank` of `world_size` (call from the rank's own thread)."""
     import torch.distributed as dist
 
@@ -123,7 +123,7 @@ def wake_ranks(exc: BaseException) -> None:
 class _LoadLock:
     """One rank at a time between its mesh set-up and the end of its `from_pretrained`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held = threading.local()
 
@@ -140,7 +140,7 @@ class _LoadLock:
 
 
 @contextlib.contextmanager
-def serialized_loading(model_class) -> Iterator[_LoadLock]:
+def serialized_loading(model_class: Any) -> Iterator[_LoadLock]:
     """Make the ranks' `model_class.from_pretrained` calls load one at a time after their (collective) mesh set-up,
     and put back the process-wide state transformers patches while it builds a model.
 
@@ -158,7 +158,7 @@ def serialized_loading(model_class) -> Iterator[_LoadLock]:
     original = model_class.__dict__.get("prepare_distribute_model")
     bound = model_class.prepare_distribute_model
 
-    def prepare_distribute_model(cls, *args, **kwargs):
+    def prepare_distribute_model(cls: Any, *args: Any, **kwargs: Any) -> Any:
         out = bound(*args, **kwargs)
         lock.acquire()
         return out
@@ -192,7 +192,7 @@ def cannot_host_ranks() -> str | None:
 # ----------------------------------------------------------------------------------------------------------------------
 # Following tensors
 # ----------------------------------------------------------------------------------------------------------------------
-def function_mode():
+def function_mode() -> Any:
     """torch's `TorchFunctionMode` base class: a subclass's `__torch_function__` sees every torch function call made
     inside `with Mode():` (`torch.overrides`)."""
     from torch.overrides import TorchFunctionMode
@@ -200,21 +200,21 @@ def function_mode():
     return TorchFunctionMode
 
 
-def weak_id_dict():
+def weak_id_dict() -> Any:
     """A dict keyed by tensor identity that does not keep its keys alive (`torch.utils.weak.WeakIdKeyDictionary`)."""
     from torch.utils.weak import WeakIdKeyDictionary
 
     return WeakIdKeyDictionary()
 
 
-def local_tensor(x):
+def local_tensor(x: Any) -> Any:
     """The rank's local shard of a DTensor, else `x` itself."""
     from torch.distributed.tensor import DTensor
 
     return x.to_local() if isinstance(x, DTensor) else x
 
 
-def sharded_local(p):
+def sharded_local(p: Any) -> Any:
     """The local shard of a parameter some placement shards on this rank (a DTensor that is not replicated on every
     mesh dimension), else `None`."""
     from torch.distributed.tensor import DTensor, Replicate
@@ -228,7 +228,7 @@ def sharded_local(p):
 # transformers' model classes and configs
 # ----------------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def no_progress_bars():
+def no_progress_bars() -> Iterator[None]:
     """transformers' progress bars off for the block (then as they were)."""
     from transformers.utils import logging as hf_logging
 
@@ -241,7 +241,7 @@ def no_progress_bars():
             hf_logging.enable_progress_bar()
 
 
-def config_for_model(model_type: str, values: dict):
+def config_for_model(model_type: str, values: dict[str, Any]) -> Any:
     """`AutoConfig.for_model(model_type, **values)`: a config rebuilt from its `to_dict()` (the parity subprocess).
 
     Raises:
@@ -252,7 +252,7 @@ def config_for_model(model_type: str, values: dict):
     return AutoConfig.for_model(model_type, **values)
 
 
-def model_class(model_class):
+def model_class(model_class: Any) -> Any:
     """The transformers model class `model_class` names (a class, or its name in `transformers`), else `None`."""
     from transformers import PreTrainedModel
 
@@ -265,7 +265,7 @@ def model_class(model_class):
     return None
 
 
-def decoder_class_names(text_config, near=None) -> list[str]:
+def decoder_class_names(text_config: Any, near: Any = None) -> list[str]:
     """Model classes that can run a text config on its own, most useful first: its causal LM, then its base model.
 
     When the auto tables register no class for the text config's type (Ernie-4.5-VL-MoE's
@@ -281,7 +281,7 @@ def decoder_class_names(text_config, near=None) -> list[str]:
     from transformers import PreTrainedModel
     from transformers.models.auto import modeling_auto as auto
 
-    names = []
+    names: list[str] = []
     for mapping in (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_MAPPING_NAMES):
         name = mapping.get(text_config.model_type)
         if isinstance(name, (list, tuple)):
@@ -297,7 +297,7 @@ def decoder_class_names(text_config, near=None) -> list[str]:
     return sorted(own, key=lambda n: not n.endswith("ForCausalLM"))
 
 
-def text_route(config) -> tuple[Any, bool]:
+def text_route(config: Any) -> tuple[Any, bool]:
     """`(text_config, composite)`: the config whose plan the base model follows (the decoder's text config of a
     composite model, else `config`), and whether it differs from `config`.
 

@@ -30,6 +30,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -56,7 +58,7 @@ def budget_seconds() -> float:
     return value if value > 0 else BUDGET_SECONDS
 
 
-def pattern_entries(qc: dict) -> tuple[int, list[tuple[str, str]]]:
+def pattern_entries(qc: dict[str, Any]) -> tuple[int, list[tuple[str, str]]]:
     """The module-name entries of a quantization config.
 
     Args:
@@ -70,7 +72,7 @@ def pattern_entries(qc: dict) -> tuple[int, list[tuple[str, str]]]:
     patterns: list[tuple[str, str]] = []
     compressed = qc.get("quant_method") == "compressed-tensors"
 
-    def walk(node, where: str, depth: int) -> None:
+    def walk(node: Any, where: str, depth: int) -> None:
         nonlocal entries
         if depth > 8 or not isinstance(node, dict):
             return
@@ -92,7 +94,7 @@ def pattern_entries(qc: dict) -> tuple[int, list[tuple[str, str]]]:
     return entries, patterns
 
 
-def check_patterns(qc: dict) -> None:
+def check_patterns(qc: dict[str, Any]) -> None:
     """Steps 1 and 2 of the module docstring: the entry cap and the shape of each pattern.
 
     Raises:
@@ -118,18 +120,21 @@ def hazard(regex: str) -> str | None:
 
     Source: the shapes of catastrophic backtracking in Python's `re` (`sre_parse` tree: `MAX_REPEAT`, `MIN_REPEAT`,
     `BRANCH`, `GROUPREF`)."""
+    import importlib
+
+    c: Any
+    parser: Any
     try:
-        from re import _constants as c, _parser as parser  # Python 3.11+
+        c, parser = importlib.import_module("re._constants"), importlib.import_module("re._parser")  # Python 3.11+
     except ImportError:  # pragma: no cover - Python 3.10
-        import sre_constants as c  # type: ignore[no-redef]
-        import sre_parse as parser  # type: ignore[no-redef]
+        c, parser = importlib.import_module("sre_constants"), importlib.import_module("sre_parse")
     try:
         tree = parser.parse(regex)
     except (re.error, RecursionError, OverflowError, ValueError):
         return None
     repeats = (c.MAX_REPEAT, c.MIN_REPEAT) + ((c.POSSESSIVE_REPEAT,) if hasattr(c, "POSSESSIVE_REPEAT") else ())
 
-    def walk(items, under: bool) -> str | None:
+    def walk(items: Any, under: bool) -> str | None:
         for op, av in items:
             if op in repeats:
                 low, high, body = av
@@ -161,7 +166,7 @@ def hazard(regex: str) -> str | None:
         return "nests too deeply to analyse"
 
 
-def _flat(items, c):
+def _flat(items: Any, c: Any) -> Iterator[tuple[Any, Any]]:
     """Every `(op, av)` of a parsed pattern, depth first (groups and alternatives opened)."""
     for op, av in items:
         yield op, av
@@ -188,7 +193,7 @@ sys.stdout.write("done\n")
 """
 
 
-def probe_matching(qc: dict, names: list[str]) -> None:
+def probe_matching(qc: dict[str, Any], names: list[str]) -> None:
     """Step 3 of the module docstring: match every pattern of `qc` against every module name in a child Python
     (`sys.executable -I -S`, which imports nothing but `re` and `json`) under `budget_seconds()`.
 

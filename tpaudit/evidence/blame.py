@@ -45,7 +45,7 @@ def analyse(small: SmallModel, ref: Recorder, runs: list[RankRun], world: int, f
     """Compare every rank with the unsharded run and attribute the first divergence (see the module docstring)."""
     compared: set[tuple[str, int]] = set()
     max_err: float | None = None
-    observations = []
+    observations: list[tuple[Any, ...]] = []
     reached: set[str] = set()
     matched: dict[str, bool] = {}   # generic module -> every call compared before the rank's failure matched
     # modules whose ranks hold partial results until the module reduces them: an expert-parallel module (each rank

@@ -112,7 +112,7 @@ def _use_tracker(recorder: Recorder, ranges, sites: dict | None = None):
     starts = [r[0] for r in ranges]
     wanted = {(site.call, site.op, site.occurrence): source for source, site in (sites or {}).items()}
 
-    class Tracker(seam.function_mode()):
+    class Tracker(seam.function_mode()):  # type: ignore[misc]  # torch's TorchFunctionMode, read as untyped
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             source = None

@@ -371,7 +371,7 @@ def trace(small: SmallModel) -> tuple[dict[str, SplitOutput], list[str]]:
 
     counter = CallCounter(model)
 
-    class Mode(seam.function_mode()):
+    class Mode(seam.function_mode()):  # type: ignore[misc]  # torch's TorchFunctionMode, read as untyped
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             name = getattr(func, "__name__", "")

@@ -183,7 +183,7 @@ def read_facts(tf, config, owner, modules: dict[str, ModuleFacts], text_prefix: 
 
 
 def _plain_values(tf, config, names) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for name in names:
         v = tf.config_value(config, name)
         if isinstance(v, (list, tuple)) and all(isinstance(x, _PLAIN) or x is None for x in v):

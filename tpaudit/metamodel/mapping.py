@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
+from ..compat import Renamer
 from ..model import CheckpointTensor, generic_name
 from ..model.source import INDEX_RUNS, group_families, group_positions, name_family as _family
 
@@ -109,7 +110,7 @@ class CheckpointMapping:
     families: int = 0
     renamed_per_key: int = 0
     sources: dict[str, dict[str, list[CheckpointTensor]]] = field(default_factory=dict)
-    renamer: object = None
+    renamer: Renamer | None = None
     tensors: tuple[CheckpointTensor, ...] = ()
     generic_tensor_names: frozenset[str] = frozenset()
 
@@ -138,9 +139,8 @@ class CheckpointMapping:
 
         def root_of(path: str) -> str | None:
             """The shortest prefix of `path` (itself included) that is not a module, `None` when all are."""
-            found = roots.get(path, False)
-            if found is not False:
-                return found
+            if path in roots:
+                return roots[path]
             parent = path.rpartition(".")[0]
             found = root_of(parent) if parent else None
             if found is None and path not in modules:
@@ -338,7 +338,7 @@ def map_checkpoint(model, tensors: tuple[CheckpointTensor, ...], hf_quantizer=No
 
     # one tensor the loader splits into several parameters (a Chunk of a fused wqkv into q/k/v): the first target
     # is its renamed key; the others are filled by the same conversion, so they are not missing
-    filled = set()
+    filled: set[str] = set()
     if renamer.siblings is not None:
         for runtime, patterns in by_pattern.items():
             for pattern in patterns:
@@ -371,7 +371,7 @@ def _classify_tensor_by_tensor(mapping: CheckpointMapping, model, tensors, famil
     """`map_checkpoint`'s classification tensor by tensor, in checkpoint order, where companions may be claimed (a
     quantized checkpoint whose quantizer could not run: the first tensor to claim a name wins it). With
     `claim=False`, what `_classify_by_family` computes, the slow way (`tests/test_mapping.py` compares them)."""
-    by_key = {}
+    by_key: dict = {}
     for family, members in families.items():
         by_key.update(zip(members, zip(*renamed[family])))
     by_pattern: dict[str, dict[str, list[CheckpointTensor]]] = defaultdict(lambda: defaultdict(list))
@@ -414,8 +414,8 @@ def _classify_by_family(mapping: CheckpointMapping, tensors, positions, renamed,
         runtimes, patterns = renamed[family]
         at = runtimes.__getitem__
         same_pattern = patterns.count(patterns[0]) == len(patterns)
-        for runtime, idx in groupby(sorted(range(len(runtimes)), key=at), key=at):
-            idx = list(idx)
+        for runtime, group in groupby(sorted(range(len(runtimes)), key=at), key=at):
+            idx = list(group)
             places = list(map(where.__getitem__, idx))
             by_runtime[runtime].append(places)
             if same_pattern:

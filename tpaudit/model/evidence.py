@@ -11,7 +11,7 @@ max(1, max |unsharded|)` (float32 reordering noise is a few 1e-6 in the small mo
 the order of its own magnitude)."""
 
 
-def _check(value, types, what: str):
+def _check(value: Any, types: type | tuple[type, ...], what: str) -> Any:
     """`value` when it is one of `types` (bool is not an int here), else `ValueError` naming `what`."""
     if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
         raise ValueError(f"{what}: expected {types}, got a bool")
@@ -20,11 +20,11 @@ def _check(value, types, what: str):
     return value
 
 
-def _opt(value, types, what: str):
+def _opt(value: Any, types: type | tuple[type, ...], what: str) -> Any:
     return None if value is None else _check(value, types, what)
 
 
-def _pair(value) -> tuple[str, str]:
+def _pair(value: Any) -> tuple[str, str]:
     if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, str) for x in value)):
         raise ValueError("verdict.fix_partners[]: expected [rule, style]")
     return value[0], value[1]
@@ -69,14 +69,14 @@ class SplitOutput:
         return self.total // self.period if self.period else 1
 
     def to_json(self) -> dict[str, Any]:
-        out = {"module": self.module, "rule": self.rule, "style": self.style, "action": self.action}
+        out: dict[str, Any] = {"module": self.module, "rule": self.rule, "style": self.style, "action": self.action}
         if self.total:
             out.update(cut=self.cut, op=self.op, parts=list(self.parts), total=self.total, period=self.period,
                        groups=self.groups)
         return out
 
     @classmethod
-    def from_json(cls, d: dict) -> "SplitOutput":
+    def from_json(cls, d: dict[str, Any]) -> "SplitOutput":
         """The inverse of `to_json`, validating every field.
 
         Raises:
@@ -165,7 +165,7 @@ class RuleVerdict:
         return out
 
     @classmethod
-    def from_json(cls, d: dict) -> "RuleVerdict":
+    def from_json(cls, d: dict[str, Any]) -> "RuleVerdict":
         """The inverse of `to_json`, validating every field.
 
         Raises:
@@ -306,7 +306,7 @@ class ParityResult:
         return out
 
     @classmethod
-    def from_json(cls, d: dict) -> "ParityResult":
+    def from_json(cls, d: dict[str, Any]) -> "ParityResult":
         """The inverse of `to_json` (the parity subprocess's answer, a cache entry), validating every field: a value
         of the wrong type is refused, never trusted.
 
@@ -319,7 +319,7 @@ class ParityResult:
             raise ValueError(f"parity: unknown keys {sorted(unknown)}")
         num = (int, float)
 
-        def opt_float(key):
+        def opt_float(key: str) -> float | None:
             v = d.get(key)
             return None if v is None else float(_check(v, num, f"parity.{key}"))
 

@@ -114,8 +114,8 @@ class Finding:
         return f"{self.code}:{self.target}"
 
     def to_json(self) -> dict[str, Any]:
-        out = {"code": self.code, "kind": self.kind, "severity": self.severity, "target": self.target,
-               "message": self.message}
+        out: dict[str, Any] = {"code": self.code, "kind": self.kind, "severity": self.severity, "target": self.target,
+                               "message": self.message}
         if self.fix:
             out["fix"] = self.fix
         if self.verified is not None:
@@ -133,13 +133,14 @@ class Finding:
         """
         if not isinstance(data, dict):
             raise ValueError(f"a finding must be a JSON object, not {type(data).__name__}")
-        fields = {k: data.get(k) for k in ("code", "kind", "severity", "target", "message")}
-        if not all(isinstance(v, str) for v in fields.values()) or fields["severity"] not in SEVERITY_ORDER:
-            raise ValueError(f"not a finding: {str(data)[:120]}")
+        code, kind, severity, target, message = (data.get(k) for k in ("code", "kind", "severity", "target", "message"))
         fix, facts, verified = data.get("fix", ""), data.get("facts", {}), data.get("verified")
-        if not isinstance(fix, str) or not isinstance(facts, dict) or not isinstance(verified, (dict, type(None))):
+        if not (isinstance(code, str) and isinstance(kind, str) and isinstance(target, str)
+                and isinstance(message, str) and isinstance(fix, str) and isinstance(facts, dict)
+                and isinstance(verified, (dict, type(None))) and severity in SEVERITY_ORDER):
             raise ValueError(f"not a finding: {str(data)[:120]}")
-        return cls(fix=fix, facts=facts, verified=verified, **fields)
+        return cls(code=code, kind=kind, severity=severity, target=target, message=message, fix=fix, facts=facts,
+                   verified=verified)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .evidence import ParityResult
 from .findings import Finding, ReplicatedFamily
 from .load import LoadSection
 from .shards import ParamGroup, ShardMap
@@ -78,7 +79,7 @@ class SuggestionSection:
     after: dict[str, Any] | None = None
     plan: dict[str, str] | None = None
     snippet: str | None = None
-    new_errors: list[dict] = field(default_factory=list)
+    new_errors: list[dict[str, Any]] = field(default_factory=list)
     remaining_errors: list[str] = field(default_factory=list)
     tp_plan_override: dict[str, str] = field(default_factory=dict)
     tp_size: int | None = None
@@ -138,7 +139,7 @@ class Report:
     kv_cache: KVCacheSection | None = None
     suggestion: SuggestionSection | None = None
     baseline: BaselineSection | None = None
-    parity: Any = None
+    parity: ParityResult | None = None
     loading: LoadSection | None = None
     schema: str = REPORT_SCHEMA
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UsageError
 
@@ -23,7 +24,7 @@ class ParallelSizes:
     ep_size: int = 1
 
     @classmethod
-    def of(cls, tp_size, ep_size=1, *, names: tuple[str, str] = ("tp_size", "ep_size")) -> "ParallelSizes":
+    def of(cls, tp_size: Any, ep_size: Any = 1, *, names: tuple[str, str] = ("tp_size", "ep_size")) -> "ParallelSizes":
         """Validate and build.
 
         Args:
@@ -35,7 +36,7 @@ class ParallelSizes:
             UsageError: a size that is not an `int` (`True`, `"2"`, `2.0` included), below 1, or more ranks than
                 tpaudit simulates (`MAX_WORLD_SIZE`).
         """
-        def given(name: str, value) -> str:
+        def given(name: str, value: object) -> str:
             return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
 
         for name, field_name, value in ((names[0], "tp_size", tp_size), (names[1], "ep_size", ep_size)):

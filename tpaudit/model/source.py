@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from itertools import groupby
 from operator import itemgetter, mul
+from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
 from ..compat.logic import generic_name
@@ -48,7 +49,8 @@ class CheckpointTensor(NamedTuple):
         return math.prod(self.shape) * SAFETENSORS_DTYPE_BITS[self.dtype] // 8
 
 
-def checkpoint_tensors(names, dtypes, shapes, files) -> tuple[CheckpointTensor, ...]:
+def checkpoint_tensors(names: Iterable[str], dtypes: Iterable[str], shapes: Iterable[tuple[int, ...]],
+                       files: Iterable[str | None]) -> tuple[CheckpointTensor, ...]:
     """`CheckpointTensor`s from four parallel sequences of equal length (names, safetensors dtype names, shapes as
     tuples of ints, shard files or `None`), built at C speed: `tuple.__new__` is what a named tuple's own constructor
     calls, minus the Python frame per tensor (a checkpoint has up to 208,550). Nothing is validated here: the readers
@@ -98,7 +100,7 @@ def group_families(names: list[str], positions: dict[str, list[int]] | None = No
             for family, where in (positions if positions is not None else group_positions(names)).items()}
 
 
-def total_bytes(tensors) -> int:
+def total_bytes(tensors: Iterable[CheckpointTensor]) -> int:
     """Bytes of `tensors` together: `sum(t.nbytes for t in tensors)`, summed per dtype with C-level `map`s (no Python
     frame per tensor); dtypes that pack several values per byte (`F4`) round per tensor, as `nbytes` does.
 

@@ -15,7 +15,7 @@ import json
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from ..compat.styles import REPLICATE
 from ..model import FindingSubject
@@ -87,7 +87,7 @@ class Suggestion:
     key: str
     style: str
     voters: list[str] = field(default_factory=list)
-    matched: str = ""
+    matched: str | int = ""  # the plan pattern that voted; `1` (as reports have it) for a rule a finding asks for
     votes: int = 0
 
 
@@ -252,7 +252,7 @@ def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: 
 
 
 def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Suggestion],
-            removed: list[str] = ()) -> str:
+            removed: Sequence[str] = ()) -> str:
     """A ready `base_model_tp_plan` for `owner_class`: the added rules marked with their voters, the rules that
     matched nothing dropped (listed in a comment)."""
     lines = [f"# {owner_class}"]

@@ -122,7 +122,7 @@ def markdown_text(value, names=()) -> str:
     Example: ``markdown_text("`w<x` replicated <img src=x>")`` -> ``"`w<x` replicated &lt;img src=x&gt;"``.
     """
     raw = str(value) if value is not None else ""
-    spans = []
+    spans: list = []
     for name in sorted({n for n in names if isinstance(n, str) and "`" in n}, key=len, reverse=True):
         quoted = f"`{name}`"
         if quoted in raw:

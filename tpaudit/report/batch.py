@@ -220,12 +220,12 @@ def render_html(summary: BatchSummary, *, unit: str = "GiB", **_) -> str:
                              + _num(ch.old_bytes, _bytes(ch.old_bytes, unit))
                              + _num(ch.new_bytes, _bytes(ch.new_bytes, unit)) + f"<td>{how}</td></tr>"
                              for how, ch in moved) + "</tbody></table>")
-    rows = []
+    lines: list[str] = []
     for r in summary.results:
         kind = "error" if r.status == "error" else ("findings" if r.errors else "ok")
         detail = r.reason or ", ".join(r.error_targets)
         share = r.replicated_share
-        rows.append(f'<tr class="{kind}"><td>{e(r.model)}</td>' + _num(r.tp_size, str(r.tp_size))
+        lines.append(f'<tr class="{kind}"><td>{e(r.model)}</td>' + _num(r.tp_size, str(r.tp_size))
                     + _num(r.ep_size, str(r.ep_size)) + f"<td>{e(r.status)}</td>"
                     + _num(r.exit_code, str(r.exit_code))
                     + _num(r.worst_rank_param_bytes, _bytes(r.worst_rank_param_bytes, unit))
@@ -237,5 +237,5 @@ def render_html(summary: BatchSummary, *, unit: str = "GiB", **_) -> str:
                  "<th>model</th><th>tp</th><th>ep</th><th>status</th><th>exit</th><th>worst rank</th>"
                  "<th>replicated</th><th>share</th><th>errors</th><th>warnings</th><th>from</th>"
                  "<th>error findings or reason</th>"
-                 "</tr></thead><tbody>" + "".join(rows) + f"</tbody></table><script>{_SCRIPT}</script></body></html>\n")
+                 "</tr></thead><tbody>" + "".join(lines) + f"</tbody></table><script>{_SCRIPT}</script></body></html>\n")
     return "".join(parts)

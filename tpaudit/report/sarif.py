@@ -27,7 +27,8 @@ def render(report: Report, **_) -> str:
     from ..checks.registry import get_rule
 
     codes = sorted({f.code for f in report.findings})
-    rules, index = [], {}
+    rules: list = []
+    index: dict = {}
     for code in codes:
         r = get_rule(code)
         sections = r.sections() if r else {}

@@ -6,6 +6,8 @@ snippets (`--suggest`) are printed unwrapped."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -134,7 +136,7 @@ def _families_table(report: Report, unit: str, rows: int, width: int = 160) -> T
     for f in families[:rows]:
         replicated = Text(format_bytes(f.replicated_bytes, unit), style="red") if f.replicated_bytes \
             else Text("-", style="dim")
-        cells = [format_bytes(f.worst_rank_bytes, unit), *([format_bytes(f.total_bytes, unit)] if wide else []),
+        cells: list[Any] = [format_bytes(f.worst_rank_bytes, unit), *([format_bytes(f.total_bytes, unit)] if wide else []),
                  Text(inert(f.name)), str(f.params), *([Text(inert(", ".join(f.styles)))] if wide else []), replicated]
         t.add_row(*cells)
     if len(families) > rows:
@@ -174,7 +176,7 @@ def _params_table(report: Report, unit: str, width: int) -> Table:
         style = "red" if g.generic_name in errors else ""
         tied = f" (tied to {inert(g.tied_to)})" if g.tied_to else ""
         local = g.local_shape_rank0 if worst == 0 else g.first.local_shapes[worst]
-        row = [mark, Text(inert(g.generic_name) + tied, style=style), str(g.count), Text(inert(g.style or "-"))]
+        row: list[Any] = [mark, Text(inert(g.generic_name) + tied, style=style), str(g.count), Text(inert(g.style or "-"))]
         if wide:
             row += [_shape(g.global_shape), Text(inert(g.dtype))]
         row.append(_shape(local))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def parity_verdict(parity) -> tuple[str, str]:
     """The parity section as `(kind, sentence)`, kind one of `"pass"`, `"fail"`, `"error"`, `"skipped"`,
@@ -47,7 +49,7 @@ def _parity_sentence(parity) -> tuple[str, str]:
     return "fail", f"sharded forward at {size} DIVERGES{module} ({error}{stats})"
 
 
-def rank_spread(ranks: list[int], unit: str = "GiB") -> str:
+def rank_spread(ranks: Sequence[int], unit: str = "GiB") -> str:
     """How the per-rank parameter bytes differ, in one phrase: `"every rank the same (8 ranks)"`, or the lightest
     rank and the spread in exact bytes (`"uneven: lightest rank 7 holds 1,536 B (1.50 KiB) less"`): rounded
     per-rank sizes would hide differences of a few KiB on a 4 GiB shard."""

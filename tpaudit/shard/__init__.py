@@ -17,7 +17,7 @@ from ..compat import PlanRejectedError, backend
 from ..compat.logic import generic_name
 from ..compat.styles import is_explicit_replicate
 from ..errors import UsageError
-from ..model import ParamShard, ShardMap
+from ..model import ParamOrigin, ParamShard, Sharding, ShardMap
 from ..plan import ResolvedPlan
 
 
@@ -57,6 +57,7 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
         if found is None:
             found = rules[generic] = plan.rule_for(s.name)
         rule, style, kind = found
+        sharding: Sharding
         if s.placements is not None:
             placement = ", ".join(p.text for p in s.placements)
             split = next((p for p in s.placements if p.dim is not None), None)
@@ -76,7 +77,7 @@ def simulate(built, plan: ResolvedPlan) -> ShardMap:
     return ShardMap(tp_size=sizes.tp_size, ep_size=sizes.ep_size, params=tuple(params))
 
 
-def _origin(name: str, mapping) -> tuple[str, tuple[str, ...]]:
+def _origin(name: str, mapping) -> tuple[ParamOrigin, tuple[str, ...]]:
     """Where a parameter's shape and dtype come from, and the checkpoint tensors that load into it."""
     if mapping is not None and name in mapping.companions:
         return "companion", (mapping.companions[name].name,)

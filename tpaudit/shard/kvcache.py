@@ -176,7 +176,8 @@ def rank_kv(layers: list[KVLayer], shard_map, text_prefix: str, itemsize: int) -
     keys = key_projections(shard_map, text_prefix)
     out = []
     for r in range(shard_map.world_size):
-        heads, total, full, window, by_window = [], 0, 0, 0, {}
+        heads, total, full, window = [], 0, 0, 0
+        by_window: dict = {}
         for layer in layers:
             if layer.kind == "none":
                 continue

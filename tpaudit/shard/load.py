@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from operator import itemgetter
+from typing import Any
 
 from ..compat import LoadStepError, SourceSpec, backend
 from ..model import SAFETENSORS_DTYPE_BITS, LoadFamily, LoadIssue, LoadSection, ParamShard, ShardMap, generic_name
@@ -165,7 +166,7 @@ def _read_alike(reader, specs: list, torch_dtype) -> tuple[int, list, int, tuple
         return len(specs), [(spec, shape) for spec in specs[:KEEP]], \
             len(specs) * (math.prod(shape) * bits // 8), None
     kinds = reader.owned_flags([spec.tensor_idx for spec in specs])
-    outcome: dict[bool, object] = {}
+    outcome: dict[bool, tuple[int, ...] | LoadStepError | None] = {}
     for kind in dict.fromkeys(kinds):
         try:
             outcome[kind] = reader.local_shape(specs[kinds.index(kind)], torch_dtype)
@@ -380,8 +381,9 @@ def _expected(rep: ParamShard, key: str, shard_map: ShardMap, out_keys) -> Param
 
 def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict, ordered: dict,
             shard_map: ShardMap, operations: str) -> list[LoadIssue]:
-    grouped: dict[tuple, list[int]] = defaultdict(list)
+    grouped: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     details: dict[tuple, dict] = {}
+    key: tuple[Any, ...]
     for r, (kind, detail, extra, _) in sorted(results.items()):
         if kind == "raises":
             key = ("raises", detail.stage, detail.op, detail.error, extra)

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..metamodel import vocabulary as V
 from ..errors import UsageError
-from ..model import ModelSource
+from ..model import KVCacheSection, ModelSource
 from .context import (ContextFit, _kv_bytes, context_fit, max_context_for_rank,  # noqa: F401 (re-exported)
                       max_position_embeddings)
 from .training import (ACTIVATIONS_NOTE, OPTIMIZER_NOTES, PER_RANK_NOTE, RankTraining, TrainingSetup, frozen_families,
@@ -341,16 +341,16 @@ class SizeReport:
         }
 
 
-def _kv_heads_split(kv: dict | None) -> str | None:
+def _kv_heads_split(kv: KVCacheSection | None) -> str | None:
     """Why an option is invalid because its plan splits a KV head (ranks would hold a fraction of a head), from the
     KV-cache section's per-rank heads; `None` when every rank holds whole heads."""
     if not kv:
         return None
-    heads = kv["kv_heads_per_rank"] if isinstance(kv["kv_heads_per_rank"], list) else [kv["kv_heads_per_rank"]]
+    heads = kv.kv_heads_per_rank if isinstance(kv.kv_heads_per_rank, list) else [kv.kv_heads_per_rank]
     split = [h for h in heads if not float(h).is_integer()]
     if not split:
         return None
-    whole = kv["kv_heads"] if isinstance(kv["kv_heads"], list) else [kv["kv_heads"]]
+    whole = kv.kv_heads if isinstance(kv.kv_heads, list) else [kv.kv_heads]
     return (f"the plan splits a KV head: the {' / '.join(str(h) for h in whole)} KV heads leave ranks "
             f"holding {', '.join(f'{h:g}' for h in split)} KV heads in at least one cached layer, so the KV cache "
             "and the sharded attention disagree (TPA102)")
@@ -477,21 +477,21 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
             notes.add(FIRST_FORWARD_NOTE)
         if report.loading is not None and report.loading.decompressed:
             notes.add(DECOMPRESSED_NOTE)
-        kv = report.kv_cache.to_json() if report.kv_cache is not None else None
-        kv_name = kv_dtype or (kv["dtype"] if kv else report.model["dtype"])
+        kv = report.kv_cache
+        kv_name = kv_dtype or (kv.dtype if kv else report.model["dtype"])
         kv_torch = getattr(torch, kv_name, None) if kv_name else None
         if not isinstance(kv_torch, torch.dtype) or not kv_torch.is_floating_point:
             raise UsageError(f"--kv-dtype {kv_name!r} is not a cache dtype. Pass bfloat16, float16, float8_e4m3fn or "
                              "float32")
         kv_itemsize = kv_torch.itemsize
-        scale = kv_itemsize / kv["itemsize"] if kv else 1.0
-        state = int(kv["linear_state_bytes_per_sequence"] * scale) * batch if kv else 0
+        scale = kv_itemsize / kv.itemsize if kv else 1.0
+        state = int(kv.linear_state_bytes_per_sequence * scale) * batch if kv else 0
         over = overhead.bytes_for(capacity_bytes)
         weights = _serving_weights(report)
         ranks = tuple(RankMemory(r, weights[r], _kv_bytes(kv, r, context, batch, scale) if kv else 0, state, over)
                       for r in range(report.shard_map.world_size))
         reason = _kv_heads_split(kv) or _load_fails(report.loading) or _forward_breaks(report)
-        per_token = int(round(max(kv["bytes_per_token_per_rank"]) * scale)) if kv else 0
+        per_token = int(round(max(kv.bytes_per_token_per_rank) * scale)) if kv else 0
         fit = context_fit(kv, weights, capacity_bytes=capacity_bytes, overhead_bytes=over,
                           state_bytes=state, batch=batch, scale=scale, cap_tokens=cap_tokens)
         train = None
@@ -506,7 +506,7 @@ def size_model(source: ModelSource, *, capacity_bytes: int, gpu_name: str | None
     if model_info is None:
         model_info = {"ref": source.ref, "repo_id": source.repo_id}
     gpu = {"name": gpu_name, "memory_bytes": capacity_bytes}
-    training_notes = ()
+    training_notes: tuple[str, ...] = ()
     if training is not None:
         training_notes = (ACTIVATIONS_NOTE, OPTIMIZER_NOTES[training.optimizer], PER_RANK_NOTE)
         if frozen:

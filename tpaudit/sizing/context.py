@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..metamodel import vocabulary as V
+from ..model import KVCacheSection
 
 
 @dataclass(frozen=True)
@@ -40,23 +41,23 @@ class ContextFit:
                 "max_context_limited_by": self.limited_by, "max_context_rank": self.rank}
 
 
-def _kv_bytes(kv: dict, rank: int, context: int, batch: int, scale: float) -> int:
+def _kv_bytes(kv: KVCacheSection, rank: int, context: int, batch: int, scale: float) -> int:
     """KV-cache bytes of `rank` for `batch` sequences of `context` tokens: full-context layers grow with `context`,
     windowed layers stop at their window; per-token bytes are in the model dtype, `scale` converts to the cache
     dtype, and the product is rounded once, to the nearest byte."""
-    full = kv["full_context_bytes_per_token_per_rank"][rank] * context
-    windowed = sum(per_rank[rank] * min(int(w), context) for w, per_rank in kv["window_bytes_per_token_by_window"].items())
+    full = kv.full_context_bytes_per_token_per_rank[rank] * context
+    windowed = sum(per_rank[rank] * min(int(w), context) for w, per_rank in kv.window_bytes_per_token_by_window.items())
     return int(round((full + windowed) * batch * scale))
 
 
-def max_context_for_rank(kv: dict, rank: int, batch: int, scale: float, budget: int) -> int | None:
+def max_context_for_rank(kv: KVCacheSection, rank: int, batch: int, scale: float, budget: int) -> int | None:
     """The largest integer context `c` with `_kv_bytes(kv, rank, c, batch, scale) <= budget`.
 
     `_kv_bytes` does not decrease as the context grows, so an exponential then a binary search over it finds the
     exact bound with the same arithmetic (and rounding) the option's `kv_cache_bytes` uses.
 
     Args:
-        kv (`dict`): the report's `kv_cache` section.
+        kv (`KVCacheSection`): the report's `kv_cache` section.
         rank (`int`): the rank.
         batch (`int`): sequences.
         scale (`float`): cache itemsize / model itemsize.
@@ -71,8 +72,8 @@ def max_context_for_rank(kv: dict, rank: int, batch: int, scale: float, budget: 
 
     if not fits(1):
         return 0
-    if kv["full_context_bytes_per_token_per_rank"][rank] * scale * batch == 0:
-        longest = max((int(w) for w in kv["window_bytes_per_token_by_window"]), default=1)
+    if kv.full_context_bytes_per_token_per_rank[rank] * scale * batch == 0:
+        longest = max((int(w) for w in kv.window_bytes_per_token_by_window), default=1)
         if fits(longest):
             return None
         lo, hi = 1, longest            # fits(lo), not fits(hi)
@@ -103,12 +104,12 @@ def max_position_embeddings(config: dict) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def context_fit(kv: dict | None, param_bytes: tuple[int, ...], *, capacity_bytes: int, overhead_bytes: int,
+def context_fit(kv: KVCacheSection | None, param_bytes: tuple[int, ...], *, capacity_bytes: int, overhead_bytes: int,
                 state_bytes: int, batch: int, scale: float, cap_tokens: int | None) -> ContextFit:
     """The longest context one option holds on every rank.
 
     Args:
-        kv (`dict`, *optional*): the report's `kv_cache` section (`None`: the model has no KV cache tpaudit knows).
+        kv (`KVCacheSection`, *optional*): the report's `kv_cache` section (`None`: the model has no KV cache tpaudit knows).
         param_bytes (`tuple[int, ...]`): each rank's weights.
         capacity_bytes (`int`), overhead_bytes (`int`): per GPU.
         state_bytes (`int`): fixed per-rank state of linear-attention layers for `batch` sequences.

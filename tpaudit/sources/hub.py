@@ -31,6 +31,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlparse
 
 from ..errors import (CheckpointError, ConfigError, GatedRepoError, HubConnectionError, HubError,
@@ -262,7 +263,7 @@ def header_cache_path(endpoint: str, repo_id: str, commit: str) -> Path:
         repo_id.replace("/", "--") / f"{commit}.snapshot.json.gz"
 
 
-def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str, what: str) -> None:
+def _raise_hub_error(e: Exception, repo_id: str, revision: str | None, endpoint: str, what: str) -> NoReturn:
     """Translate a huggingface_hub / httpx failure into a one-line `HubError`."""
     from huggingface_hub import errors as hf
 

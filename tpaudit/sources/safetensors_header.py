@@ -82,7 +82,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     d = dict(pairs)
     if len(d) != len(pairs):
         seen: set[str] = set()
-        repeated = [k for k, _ in pairs if k in seen or seen.add(k)]
+        repeated = [k for k, _ in pairs if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
         out = _Duplicates(pairs)
         out.dup, out.dups = repeated[0], frozenset(repeated)
         return out
@@ -264,7 +264,7 @@ def _validate(header: Any, file: str) -> tuple[list[tuple[int, int, str, str, li
                               path=str(file))
     bits_of = SAFETENSORS_DTYPE_BITS
     keys = len(header)
-    out = []
+    out: list = []
     append = out.append
     prod = math.prod
     for name, info in header.items():
@@ -389,7 +389,7 @@ def _check_layout(entries: list, file: str, data_size: int | None) -> list[Entry
     """Sorted by data_offsets, entries must tile the data region from 0 without gap or overlap, to its end."""
     entries.sort(key=_offsets)
     pos = 0
-    prev = None
+    prev: str | None = None
     for start, end, name, _, _ in entries:
         if start != pos:
             if start < pos:

@@ -403,7 +403,7 @@ def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, ar
                                "architecture": architecture, "trust_remote_code": trust_remote_code})
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    records = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    records: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(record, records, dst=0)
     result, code = None, 0
     if dist.get_rank() == 0:

@@ -21,7 +21,8 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
 
 from ..errors import ReplicatedWeightsError, TpauditError
 from ..model import Finding
@@ -33,6 +34,49 @@ _lock = threading.Lock()
 _depth = 0
 _token = None
 _active: list["strict_tp"] = []
+
+
+@dataclass(frozen=True)
+class GuardReading:
+    """What the guard reads of the worker's report, typed and validated once: the report crossed a process boundary
+    as JSON (`Report.to_json()`, `tpaudit/check/v1`, with a `suggestion` section when errors exist).
+
+    Attributes:
+        findings (`tuple[Finding, ...]`): every finding (`Finding.from_json` of each).
+        replicated_bytes (`int`): bytes per rank no rule shards (`replicated_bytes`; 0 when absent).
+        rank_param_bytes (`tuple[int, ...]`): parameter bytes of each rank (`ranks[].param_bytes`), by rank.
+        plan_snippet (`str`, *optional*): the suggested `base_model_tp_plan` as Python (`suggestion.snippet`).
+    """
+
+    findings: tuple[Finding, ...]
+    replicated_bytes: int
+    rank_param_bytes: tuple[int, ...]
+    plan_snippet: str | None
+
+    @classmethod
+    def from_json(cls, report: Any) -> "GuardReading":
+        """Read a report JSON object.
+
+        Raises:
+            ValueError: not a report object, or a field the guard reads has the wrong type.
+        """
+        if not isinstance(report, dict):
+            raise ValueError(f"a report must be a JSON object, not {type(report).__name__}")
+        findings, ranks = report.get("findings", []), report.get("ranks") or []
+        replicated = report.get("replicated_bytes") or 0
+        suggestion = report.get("suggestion") or {}
+        if not isinstance(findings, list) or not isinstance(ranks, list) or not isinstance(suggestion, dict):
+            raise ValueError("a report's findings and ranks must be lists, its suggestion an object")
+        per_rank = tuple(r.get("param_bytes") if isinstance(r, dict) else None for r in ranks)
+        snippet = suggestion.get("snippet")
+        if not all(_is_int(b) for b in (replicated, *per_rank)) or not isinstance(snippet, (str, type(None))):
+            raise ValueError("a report's byte counts must be integers and its suggestion's snippet text")
+        return cls(findings=tuple(Finding.from_json(f) for f in findings), replicated_bytes=int(replicated),
+                   rank_param_bytes=tuple(int(b) for b in per_rank), plan_snippet=snippet)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def analyse_in_subprocess(payload: dict, tp_size: int, ep_size: int, timeout: float = 600) -> dict:
@@ -106,7 +150,7 @@ class strict_tp(contextlib.ContextDecorator):
             _active.append(self)
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         global _depth
         from ..compat import backend
 
@@ -159,12 +203,14 @@ def _check_before_load(model, distributed_config, tp_size: int, ep_size: int) ->
     guard = _active[-1]
     payload = backend().model_payload(model, distributed_config)
     report = analyse_in_subprocess(payload, tp_size, ep_size)
-    findings = [Finding.from_json(f) for f in report.get("findings", [])]
-    problems = guard.blocking(findings, int(report.get("replicated_bytes") or 0))
+    try:
+        reading = GuardReading.from_json(report)
+    except ValueError as e:
+        raise TpauditError(f"tpaudit's analysis returned a report the guard cannot read: {e}") from None
+    problems = guard.blocking(reading.findings, reading.replicated_bytes)
     if not problems:
         return
-    suggestion = report.get("suggestion") or {}
-    snippet = suggestion.get("snippet")
+    snippet = reading.plan_snippet
     lines = [f"{len(problems)} error finding(s) for {type(model).__name__} at tp_size {tp_size}, "
              f"ep_size {ep_size}; nothing was loaded:"]
     for f in problems[:12]:
@@ -172,9 +218,8 @@ def _check_before_load(model, distributed_config, tp_size: int, ep_size: int) ->
         lines.append(f"  {f.code} {f.target}" + (f" ({per_rank:,} B on every rank)" if per_rank else ""))
     if len(problems) > 12:
         lines.append(f"  ... {len(problems) - 12} more")
-    ranks = report.get("ranks") or []
-    if ranks:
-        per_rank_text = ", ".join(f"{r['param_bytes']:,}" for r in ranks[:8])
+    if reading.rank_param_bytes:
+        per_rank_text = ", ".join(f"{b:,}" for b in reading.rank_param_bytes[:8])
         lines.append(f"  per-rank parameter bytes: {per_rank_text}")
     if snippet:
         lines.append("A plan that covers them (tpaudit check --suggest):\n" + snippet)

@@ -15,16 +15,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 from .. import _torch, loading
 from .. import parity as _parity
 from .._probe import Capability, missing
+from .._types import DistConfig, Model
+from .._seam import require_seam
 from ..styles import StyleVocabulary
 from .meta_model import MetaModelSeam
 from .plans import PlanSeam
 
 
+@require_seam
 class Transformers523(MetaModelSeam, PlanSeam):
     """transformers 5.23.x / 5.24.x on torch 2.13-2.14.
 
@@ -33,11 +37,11 @@ class Transformers523(MetaModelSeam, PlanSeam):
         tested (`bool`): the installed transformers is a release this line was tested with.
     """
 
-    LINE = "5.23"
-    TESTED_RELEASES = ("5.23", "5.24")     # major.minor the test suite runs against in CI
-    SUPPORTED = ">=5.23,<5.25"
-    STYLES = StyleVocabulary                # the style names this line registers, grouped by meaning
-    CAPABILITIES = (
+    LINE: ClassVar[str] = "5.23"
+    TESTED_RELEASES: ClassVar[tuple[str, ...]] = ("5.23", "5.24")     # major.minor the test suite runs against in CI
+    SUPPORTED: ClassVar[str] = ">=5.23,<5.25"
+    STYLES: ClassVar[type[StyleVocabulary]] = StyleVocabulary  # the style names this line registers, grouped by meaning
+    CAPABILITIES: ClassVar[tuple[Capability, ...]] = (
         Capability("transformers", "PreTrainedModel._resolve_parallel_plans", ("distributed_config",)),
         Capability("transformers", "PreTrainedModel.maybe_distribute_model",
                    ("model", "distributed_config", "mesh_manager")),
@@ -72,6 +76,9 @@ class Transformers523(MetaModelSeam, PlanSeam):
         Capability("transformers.models.auto.modeling_auto", "MODEL_MAPPING_NAMES"),
     ) + _torch.CAPABILITIES + loading.CAPABILITIES + _parity.CAPABILITIES
 
+    versions: dict[str, str]
+    tested: bool
+
     def __init__(self, versions: dict[str, str], tested: bool):
         self.versions = dict(versions)
         self.tested = tested
@@ -85,7 +92,7 @@ class Transformers523(MetaModelSeam, PlanSeam):
     # Quiet libraries
     # ------------------------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def quiet(self):
+    def quiet(self) -> Iterator[None]:
         """Silence transformers' and torch's own warnings and logs while tpaudit simulates (it reports those facts)."""
         import transformers
 
@@ -105,7 +112,7 @@ class Transformers523(MetaModelSeam, PlanSeam):
     # ------------------------------------------------------------------------------------------------------------------
     # The load-time guard
     # ------------------------------------------------------------------------------------------------------------------
-    def install_distribute_hook(self, hook) -> object:
+    def install_distribute_hook(self, hook: Callable[..., Any]) -> object:
         """Make `from_pretrained` call `hook(original, cls, model, distributed_config, mesh_manager)` at the step
         between building the model and reading weights. Returns a token for `remove_distribute_hook`.
 
@@ -114,18 +121,18 @@ class Transformers523(MetaModelSeam, PlanSeam):
 
         original = DistributedMixin.__dict__["maybe_distribute_model"]
 
-        def wrapped(cls, model, distributed_config, mesh_manager):
+        def wrapped(cls: Any, model: Any, distributed_config: Any, mesh_manager: Any) -> Any:
             return hook(original.__func__, cls, model, distributed_config, mesh_manager)
 
         DistributedMixin.maybe_distribute_model = classmethod(wrapped)
         return original
 
-    def remove_distribute_hook(self, token) -> None:
+    def remove_distribute_hook(self, token: object) -> None:
         from transformers.distributed.mixin import DistributedMixin
 
         DistributedMixin.maybe_distribute_model = token
 
-    def model_payload(self, model, distributed_config=None) -> dict[str, Any]:
+    def model_payload(self, model: Model, distributed_config: DistConfig | None = None) -> dict[str, Any]:
         """What it takes to rebuild a user's `model` on the meta device in another process: its config, class,
         dtype, merged plans and the `DistributedConfig` plan overrides (JSON-serialisable)."""
         import json
@@ -155,18 +162,18 @@ class Transformers523(MetaModelSeam, PlanSeam):
         """Styles earlier releases registered that the installed one refuses, with why (none in 5.23/5.24)."""
         return {}
 
-    def is_pretrained_model(self, obj) -> bool:
+    def is_pretrained_model(self, obj: object) -> bool:
         """`isinstance(obj, transformers.PreTrainedModel)`."""
         from transformers import PreTrainedModel
 
         return isinstance(obj, PreTrainedModel)
 
-    def is_pretrained_config(self, obj) -> bool:
+    def is_pretrained_config(self, obj: object) -> bool:
         """`isinstance(obj, transformers.PretrainedConfig)`."""
         from transformers import PretrainedConfig
 
         return isinstance(obj, PretrainedConfig)
 
-    def sizes_of(self, distributed_config) -> tuple[int, int]:
+    def sizes_of(self, distributed_config: DistConfig) -> tuple[int, int]:
         """`(tp_size, ep_size)` of a `DistributedConfig`."""
         return int(distributed_config.tp_size), int(distributed_config.ep_size)

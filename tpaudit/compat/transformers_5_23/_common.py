@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 
 def _first_line(text: str, limit: int = 240) -> str:
@@ -11,7 +12,7 @@ def _first_line(text: str, limit: int = 240) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_quantizer_packages():
+def _quiet_quantizer_packages() -> Iterator[None]:
     """Silence a quantization package's own output while its module replacement runs on the meta device:
     compressed-tensors logs through loguru (one warning per module whose width its group size does not divide: tpaudit
     reports that as a finding) and draws tqdm progress bars ("Applying quantization config", "Compressing model") on

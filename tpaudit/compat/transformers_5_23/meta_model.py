@@ -4,9 +4,12 @@ them (the build stage's contacts with transformers)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
-from .._types import ConfigReadError, ModuleFacts, QuantizationInfo
+from .._types import (Config, ConfigReadError, Model, ModelClass, ModuleFacts, QuantizationInfo, Quantizer,
+                      TorchDtype)
 from ..quant_patterns import check_patterns, probe_matching
 from ..quant_refusals import format_refusal, full_reason, refusal
 from ._common import _first_line, _quiet_quantizer_packages
@@ -15,10 +18,13 @@ from ._common import _first_line, _quiet_quantizer_packages
 class MetaModelSeam:
     """Building the meta model: methods of `Transformers523` (see the package's docstring)."""
 
+    def quiet(self) -> AbstractContextManager[None]:
+        raise NotImplementedError  # the release line's own (`Transformers523.quiet`)
+
     # ------------------------------------------------------------------------------------------------------------------
     # Configs and model classes
     # ------------------------------------------------------------------------------------------------------------------
-    def load_config(self, directory: str, *, trust_remote_code: bool, has_auto_map: bool):
+    def load_config(self, directory: str, *, trust_remote_code: bool, has_auto_map: bool) -> Config:
         """`AutoConfig.from_pretrained(directory)`.
 
         Raises:
@@ -41,21 +47,22 @@ class MetaModelSeam:
         except Exception as e:  # noqa: BLE001 - transformers' validators (and remote code) raise many kinds
             raise ConfigReadError("invalid", f"{type(e).__name__}: {_first_line(str(e), 300)}") from None
 
-    def config_from_class(self, model_type: str):
+    def config_from_class(self, model_type: str) -> Config:
         """The default config of `model_type` (`CONFIG_MAPPING[model_type]()`)."""
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         with self.quiet():
             return CONFIG_MAPPING[model_type]()
 
-    def config_classes(self) -> dict[str, Any]:
+    def config_classes(self) -> Mapping[str, Any]:
         """model_type -> config class, for every model type the installed transformers registers (lazily imported
         on access)."""
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-        return CONFIG_MAPPING
+        mapping: Mapping[str, Any] = CONFIG_MAPPING
+        return mapping
 
-    def text_config(self, config) -> tuple[Any, str]:
+    def text_config(self, config: Config) -> tuple[Config, str]:
         """The config that owns the base model's plan and its attribute path: the (decoder) text config of a composite
         model, else the config itself.
 
@@ -72,7 +79,7 @@ class MetaModelSeam:
                 return text, name
         return text, "text_config"
 
-    def config_value(self, config, name: str):
+    def config_value(self, config: Config, name: str) -> Any:
         """`getattr(config, name, None)` that survives configs whose attributes raise on access (transformers'
         heterogeneous per-layer configs raise `AmbiguousGlobalPerLayerAttributeError` for per-layer attributes)."""
         try:
@@ -80,7 +87,7 @@ class MetaModelSeam:
         except Exception:  # noqa: BLE001 - the attribute has no single global value
             return None
 
-    def layer_configs(self, config) -> list:
+    def layer_configs(self, config: Config) -> list[Config]:
         """One config per decoder layer: `config.per_layer_config` of a heterogeneous config (per-layer overrides
         such as Gemma 4's global layers), else an empty list."""
         try:
@@ -88,16 +95,17 @@ class MetaModelSeam:
         except Exception:  # noqa: BLE001 - not a heterogeneous config
             return []
 
-    def head_shapes(self, config) -> tuple[Any, Any]:
+    def head_shapes(self, config: Config) -> tuple[Any, Any]:
         """`(num_kv_heads, head_dim)`, each an int for all layers or a list per layer.
 
         Source: transformers 5.23 `configuration_utils.get_head_shapes` (what `generate()` sizes a static cache with).
         """
         from transformers.configuration_utils import get_head_shapes
 
-        return get_head_shapes(config)
+        heads, dims = get_head_shapes(config)
+        return heads, dims
 
-    def kv_heads_per_rank(self, tp_plan: dict[str, str], num_heads, tp_size: int):
+    def kv_heads_per_rank(self, tp_plan: dict[str, str], num_heads: Any, tp_size: int) -> Any:
         """KV heads each rank holds under `tp_plan`, or `None` when they cannot be split evenly.
 
         Source: transformers 5.23 `distributed.tensor_parallel.get_kv_heads_per_rank`: a gathered key projection
@@ -107,7 +115,7 @@ class MetaModelSeam:
 
         return get_kv_heads_per_rank(tp_plan, num_heads, tp_size)
 
-    def model_class(self, config, name: str | None, *, trust_remote_code: bool):
+    def model_class(self, config: Config, name: str | None, *, trust_remote_code: bool) -> tuple[ModelClass, str]:
         """The model class named `name` (default: `config.architectures[0]`), else the model type's causal-LM,
         image-text-to-text or base class.
 
@@ -144,7 +152,7 @@ class MetaModelSeam:
                 return getattr(transformers, cls_name), "model type default"
         raise ConfigReadError("no_model_class", str(config.model_type))
 
-    def model_class_names(self, model_type: str, config_cls) -> list[str]:
+    def model_class_names(self, model_type: str, config_cls: type) -> list[str]:
         """Candidate model classes of a model type, most useful first: causal LM, image-text-to-text, base model. A
         composite config (one with a `text_config`) tries its image-text-to-text class first: its causal-LM class
         often expects the text config alone."""
@@ -154,7 +162,7 @@ class MetaModelSeam:
                     auto.MODEL_MAPPING_NAMES]
         if "text_config" in (getattr(config_cls, "sub_configs", None) or {}):
             mappings[0], mappings[1] = mappings[1], mappings[0]
-        names = []
+        names: list[str] = []
         for mapping in mappings:
             name = mapping.get(model_type)
             if isinstance(name, (list, tuple)):
@@ -163,7 +171,7 @@ class MetaModelSeam:
                 names.append(name)
         return names
 
-    def model_class_by_name(self, name: str):
+    def model_class_by_name(self, name: str) -> ModelClass | None:
         """`transformers.<name>` when it is a model class, else `None`."""
         import transformers
         from transformers import PreTrainedModel
@@ -171,7 +179,7 @@ class MetaModelSeam:
         cls = getattr(transformers, name, None)
         return cls if isinstance(cls, type) and issubclass(cls, PreTrainedModel) else None
 
-    def declares_plan(self, config_cls, model_cls) -> bool:
+    def declares_plan(self, config_cls: type, model_cls: ModelClass) -> bool:
         """Whether the config class, one of its sub-config classes, or the model class declares a TP/EP plan."""
         classes = [config_cls] + [c for c in (getattr(config_cls, "sub_configs", None) or {}).values() if c]
         for c in classes:
@@ -182,10 +190,10 @@ class MetaModelSeam:
     # ------------------------------------------------------------------------------------------------------------------
     # dtypes and quantizers
     # ------------------------------------------------------------------------------------------------------------------
-    def torch_dtype(self, safetensors_name: str):
+    def torch_dtype(self, safetensors_name: str) -> TorchDtype:
         """safetensors dtype name -> torch dtype. Source: transformers 5.23 `modeling_utils.str_to_torch_dtype`, with
         the float8 variants `safetensors.torch` also knows (unknown names -> `torch.uint8`)."""
-        known = self.__dict__.setdefault("_dtypes", {})
+        known: dict[str, Any] = self.__dict__.setdefault("_dtypes", {})
         if safetensors_name not in known:
             import torch
             from transformers.modeling_utils import str_to_torch_dtype as table
@@ -198,7 +206,7 @@ class MetaModelSeam:
                 known[safetensors_name] = getattr(torch, extra.get(safetensors_name, ""), torch.uint8)
         return known[safetensors_name]
 
-    def quantizer(self, config, *, gpu_view: bool = True):
+    def quantizer(self, config: Config, *, gpu_view: bool = True) -> tuple[Quantizer | None, QuantizationInfo | None]:
         """The pre-quantized checkpoint's quantizer (`AutoHfQuantizer.from_config(..., pre_quantized=True)`), or
         `None` with the reason.
 
@@ -252,7 +260,7 @@ class MetaModelSeam:
             quantizer.use_fp8_kernel = False
         return quantizer, QuantizationInfo(method, quantizer=type(quantizer).__name__)
 
-    def host_dequantizes(self, quantizer) -> bool:
+    def host_dequantizes(self, quantizer: Quantizer) -> bool:
         """Whether the quantizer would dequantize on THIS host: its own `validate_environment`, run on a fresh
         quantizer made from a copy of its config (FP8 and MXFP4 turn to bfloat16 without a suitable GPU; the
         quantizer tpaudit builds with is left untouched).
@@ -272,7 +280,7 @@ class MetaModelSeam:
             return False
         return bool(getattr(probe.quantization_config, "dequantize", False))
 
-    def update_dtype(self, quantizer, dtype):
+    def update_dtype(self, quantizer: Quantizer, dtype: TorchDtype) -> TorchDtype:
         """`quantizer.update_dtype(dtype)` (the quantizer's own choice of load dtype)."""
         with self.quiet():
             return quantizer.update_dtype(dtype)
@@ -280,14 +288,15 @@ class MetaModelSeam:
     # ------------------------------------------------------------------------------------------------------------------
     # The meta model
     # ------------------------------------------------------------------------------------------------------------------
-    def init_contexts(self, cls, dtype, is_quantized: bool, config) -> list:
+    def init_contexts(self, cls: ModelClass, dtype: TorchDtype, is_quantized: bool, config: Config) -> list[Any]:
         """The context managers `from_pretrained` builds a model under (meta device, untied weights, the dtype).
 
         Source: transformers 5.23 `PreTrainedModel.get_init_context(dtype, is_quantized, _is_ds_init_called,
         allow_all_kernels)`; it takes no config (5.25 adds one, for its fusion patches)."""
         return list(cls.get_init_context(dtype, is_quantized, False, None))
 
-    def instantiate(self, cls, config, dtype, quantizer):
+    def instantiate(self, cls: ModelClass, config: Config, dtype: TorchDtype, quantizer: Quantizer | None) \
+            -> tuple[Model, str | None]:
         """`cls(config)` on the meta device under the loader's init contexts (`cls.get_init_context`: meta device,
         untied), then the quantizer's `preprocess_model` (module replacement; its plan extensions).
 
@@ -322,11 +331,11 @@ class MetaModelSeam:
                     error = f"{type(e).__name__}: {_first_line(str(e), 160)}"
         return model, error
 
-    def quantizer_dequantizes(self, quantizer) -> bool:
+    def quantizer_dequantizes(self, quantizer: Quantizer | None) -> bool:
         """The quantizer decided to dequantize (weights count in the dequantized dtype)."""
         return bool(quantizer is not None and getattr(quantizer.quantization_config, "dequantize", False))
 
-    def apply_dtype_plan(self, model, dtype) -> None:
+    def apply_dtype_plan(self, model: Model, dtype: TorchDtype) -> None:
         """Parameters the loader keeps in float32 (`_keep_in_fp32_modules(_strict)`): re-typed in place.
 
         Source: transformers 5.23 `PreTrainedModel._get_dtype_plan`, matched with `build_glob_alternation` as in
@@ -350,25 +359,27 @@ class MetaModelSeam:
                 modules[module_name]._parameters[leaf] = torch.nn.Parameter(
                     torch.empty(param.shape, dtype=target, device="meta"), requires_grad=param.requires_grad)
 
-    def text_prefix(self, model, owner_config) -> str:
+    def text_prefix(self, model: Model, owner_config: Config) -> str:
         """Module path of the base model whose config owns the plan (`model.language_model` in a VLM, `model` in a
         causal LM, `""` for a bare base model)."""
         from transformers import PreTrainedModel
 
-        candidates = [(name, m) for name, m in model.named_modules()
-                      if isinstance(m, PreTrainedModel) and getattr(m, "base_model", None) is m]
-        for match in (lambda c: c is owner_config, lambda c: type(c) is type(owner_config),
-                      lambda c: bool(getattr(c, "base_model_tp_plan", None))):
+        candidates: list[tuple[str, Any]] = [(name, m) for name, m in model.named_modules()
+                                             if isinstance(m, PreTrainedModel) and getattr(m, "base_model", None) is m]
+        matches: tuple[Callable[[Config], bool], ...] = (
+            lambda c: c is owner_config, lambda c: type(c) is type(owner_config),
+            lambda c: bool(getattr(c, "base_model_tp_plan", None)))
+        for match in matches:
             for name, m in candidates:
                 if match(m.config):
                     return name
         return candidates[-1][0] if candidates else ""
 
-    def tied_keys(self, model) -> dict[str, str]:
+    def tied_keys(self, model: Model) -> dict[str, str]:
         """`{tied copy: source}` of the model's tied parameters (`all_tied_weights_keys`)."""
         return dict(getattr(model, "all_tied_weights_keys", {}) or {})
 
-    def output_embedding_params(self, model) -> tuple[str, ...]:
+    def output_embedding_params(self, model: Model) -> tuple[str, ...]:
         """Parameter names of the output embedding (`lm_head.weight`), from `get_output_embeddings()`."""
         out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if out is None:
@@ -378,7 +389,7 @@ class MetaModelSeam:
                 return tuple(f"{name}.{leaf}" if name else leaf for leaf in module._parameters)
         return ()
 
-    def module_facts(self, model) -> dict[str, ModuleFacts]:
+    def module_facts(self, model: Model) -> dict[str, ModuleFacts]:
         """Concrete module name -> `ModuleFacts` (type, logical linear sizes, attention head_dim, fused-experts layout
         flags), read from the meta model."""
         out = {}
@@ -392,7 +403,7 @@ class MetaModelSeam:
                                     head_dim=head_dim if isinstance(head_dim, int) else None, **flags)
         return out
 
-    def add_parameter(self, model, name: str, shape: tuple[int, ...], safetensors_dtype: str) -> None:
+    def add_parameter(self, model: Model, name: str, shape: tuple[int, ...], safetensors_dtype: str) -> None:
         """Register a meta parameter `name` (a checkpoint tensor the meta model lacks, e.g. a quantization scale) on
         its module, as the quantizer would have created it."""
         import torch
@@ -403,30 +414,30 @@ class MetaModelSeam:
         module.register_parameter(
             leaf, torch.nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False))
 
-    def remove_parameter(self, model, name: str) -> None:
+    def remove_parameter(self, model: Model, name: str) -> None:
         """Drop parameter `name` from its module (a weight stored in another, quantized form)."""
         module_name, _, leaf = name.rpartition(".")
         del model.get_submodule(module_name)._parameters[leaf]
 
-    def module_buffers(self, model, module_name: str) -> set[str]:
+    def module_buffers(self, model: Model, module_name: str) -> set[str]:
         """Buffer names of a module (a checkpoint tensor that names one is not a parameter)."""
         try:
             return set(model.get_submodule(module_name)._buffers)
         except AttributeError:
             return set()
 
-    def state_dict_keys(self, model) -> set[str]:
+    def state_dict_keys(self, model: Model) -> set[str]:
         """Every name `from_pretrained` loads into: parameters and persistent buffers (`model.state_dict()`)."""
         return set(model.state_dict().keys())
 
-    def parameter_table(self, model) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    def parameter_table(self, model: Model) -> list[tuple[str, tuple[int, ...], str, bool]]:
         """`(name, shape, dtype name, floating point)` of every parameter, tied copies once."""
         return [(n, tuple(int(x) for x in p.shape), str(p.dtype).removeprefix("torch."), p.is_floating_point())
                 for n, p in model.named_parameters()]
 
 
 @contextlib.contextmanager
-def _as_on_gpu():
+def _as_on_gpu() -> Iterator[None]:
     """While a quantizer replaces modules on the meta device, answer its "which accelerator is here?" with a CUDA
     device, and its request for a GPU kernel module with an empty stand-in, so it lays the model out as the target
     GPUs hold it instead of dequantizing for this CPU host. Nothing runs: the meta device computes nothing.
@@ -440,13 +451,14 @@ def _as_on_gpu():
 
     import torch
 
-    patched = []
+    patched: list[tuple[Any, str, Any]] = []
+    module: Any
     for name, module in list(sys.modules.items()):
         if name.startswith("transformers.quantizers.") and hasattr(module, "get_current_accelerator"):
             patched.append((module, "get_current_accelerator", module.get_current_accelerator))
             module.get_current_accelerator = lambda: torch.device("cuda")
     try:
-        kernels = importlib.import_module("transformers.integrations.hub_kernels")
+        kernels: Any = importlib.import_module("transformers.integrations.hub_kernels")
         patched.append((kernels, "get_kernel", kernels.get_kernel))
         kernels.get_kernel = lambda *args, **kwargs: types.SimpleNamespace()
     except ImportError:

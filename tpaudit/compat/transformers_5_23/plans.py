@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .. import _torch, loading
-from .._types import EmptyPlanError, Placement, PlanRejectedError, Renamer, ShardedParam
+from .._types import (Config, DistConfig, EmptyPlanError, Model, Placement, PlanRejectedError, Quantizer, Renamer,
+                      ResolvedPlans, ShardedParam, TorchDtype)
 from ..logic import generic_name
 from ._common import _first_line, _quiet_quantizer_packages
 
@@ -16,10 +19,16 @@ from ._common import _first_line, _quiet_quantizer_packages
 class PlanSeam:
     """Names, plans, shards and the load: methods of `Transformers523` (see the package's docstring)."""
 
+    def quiet(self) -> AbstractContextManager[None]:
+        raise NotImplementedError  # the release line's own (`Transformers523.quiet`)
+
+    def torch_dtype(self, safetensors_name: str) -> TorchDtype:
+        raise NotImplementedError  # the release line's own (`MetaModelSeam.torch_dtype`)
+
     # ------------------------------------------------------------------------------------------------------------------
     # Checkpoint names
     # ------------------------------------------------------------------------------------------------------------------
-    def renamer(self, model, quantizer) -> Renamer:
+    def renamer(self, model: Model, quantizer: Quantizer | None) -> Renamer:
         """The loader's mapping of checkpoint keys to runtime names.
 
         Source: transformers 5.23 `core_model_loading.convert_and_load_state_dict_in_model`: `rename_source_key`
@@ -66,7 +75,7 @@ class PlanSeam:
                        quantizer_ops=quantizing)
 
     def converted_shape(self, renamer: Renamer, target: str, sources: dict[str, list[tuple[tuple[int, ...], str]]],
-                        model) -> tuple[int, ...] | None:
+                        model: Model) -> tuple[int, ...] | None:
         """The shape the loader's conversion ops give `target` from its checkpoint tensors, run on meta tensors.
 
         Args:
@@ -86,7 +95,7 @@ class PlanSeam:
                 break
         if converter is None:
             return None
-        collected = {p: [torch.empty(s, dtype=self.torch_dtype(d), device="meta") for s, d in items]
+        collected: dict[str, Any] = {p: [torch.empty(s, dtype=self.torch_dtype(d), device="meta") for s, d in items]
                      for p, items in sources.items()}
         try:
             with self.quiet():
@@ -115,7 +124,7 @@ class PlanSeam:
         torch_placements = tuple(_torch.placement(p.kind, p.dim, p.split_factor) for p in placements)
         return loading.RankReader(global_shape, torch_placements, mesh_size, rank)
 
-    def load_convert(self, renamer: Renamer, pattern: str, target: str, collected: dict[str, list], model) \
+    def load_convert(self, renamer: Renamer, pattern: str, target: str, collected: dict[str, list[Any]], model: Model) \
             -> dict[str, tuple[int, ...]]:
         """Run the operations of the converter that owns source `pattern` on one rank's pieces (see
         `loading.convert`). Raises `LoadStepError` when one of them raises."""
@@ -127,7 +136,7 @@ class PlanSeam:
         empty (compressed-tensors MoE decompression); `None` for another converter (see `loading`)."""
         return loading.packed_width_fallback(renamer.converters.get(pattern), packed_cols)
 
-    def decompressed_on_first_forward(self, model) -> dict | None:
+    def decompressed_on_first_forward(self, model: Model) -> dict[str, Any] | None:
         """compressed-tensors' in-place decompression on the first forward pass, per compressed module (see
         `loading.decompressed_on_first_forward`); `None` when the model has no decompression hook."""
         with self.quiet(), _quiet_quantizer_packages():
@@ -160,16 +169,17 @@ class PlanSeam:
 
         return sorted(ALL_PARALLEL_STYLES.keys())
 
-    def merged_plans(self, model) -> tuple[dict[str, str], dict[str, str]]:
+    def merged_plans(self, model: Model) -> tuple[dict[str, str], dict[str, str]]:
         """The model's merged, prefixed TP and EP plans (`model.tp_plan`, `model.ep_plan`), as copies."""
         return dict(model.tp_plan or {}), dict(model.ep_plan or {})
 
-    def set_merged_plans(self, model, tp_plan: dict[str, str], ep_plan: dict[str, str]) -> None:
+    def set_merged_plans(self, model: Model, tp_plan: dict[str, str], ep_plan: dict[str, str]) -> None:
         """Put the merged plans of another model object (e.g. a user's model the guard saw) on `model`."""
         model._tp_plan = dict(tp_plan or {})
         model._ep_plan = dict(ep_plan or {})
 
-    def replan(self, model, owner_config, base_plan: dict[str, str] | None, quantizer) -> None:
+    def replan(self, model: Model, owner_config: Config, base_plan: dict[str, str] | None,
+               quantizer: Quantizer | None) -> None:
         """Give the model a new `base_model_tp_plan` and merge the plans again as the model's construction did.
 
         `owner_config.base_model_tp_plan` is replaced, then every `PreTrainedModel` in the model re-runs its own
@@ -193,7 +203,8 @@ class PlanSeam:
                 quantizer.update_parallel_plan(model, model.ep_plan)
 
     @contextlib.contextmanager
-    def plan_in_force(self, model, owner_config, base_plan: dict[str, str] | None, quantizer):
+    def plan_in_force(self, model: Model, owner_config: Config, base_plan: dict[str, str] | None,
+                      quantizer: Quantizer | None) -> Iterator[None]:
         """Make `base_plan` (relative keys) the model's `base_model_tp_plan` and merge the plans again (`replan`) for
         the duration of the block, then put back every plan attribute of every `PreTrainedModel` in the model and the
         config's own `base_model_tp_plan`: a candidate plan is a value handed to one resolution, never state left on
@@ -226,11 +237,11 @@ class PlanSeam:
             else:
                 owner_config.__dict__.pop("base_model_tp_plan", None)
 
-    def base_plan(self, owner_config) -> dict[str, str]:
+    def base_plan(self, owner_config: Config) -> dict[str, str]:
         """`base_model_tp_plan` of the config that owns the base model's plan (a copy; `{}` when it has none)."""
         return dict(getattr(owner_config, "base_model_tp_plan", None) or {})
 
-    def distributed_config(self, tp_size: int, ep_size: int, overrides: dict | None = None):
+    def distributed_config(self, tp_size: int, ep_size: int, overrides: dict[str, Any] | None = None) -> DistConfig:
         """`DistributedConfig(tp_size, ep_size, **overrides)`.
 
         Raises:
@@ -243,7 +254,7 @@ class PlanSeam:
         except (ValueError, TypeError) as e:
             raise PlanRejectedError(_first_line(str(e), 400)) from None
 
-    def accepted_ep_sizes(self, tp_size: int, candidates) -> list[int]:
+    def accepted_ep_sizes(self, tp_size: int, candidates: Iterable[int]) -> list[int]:
         """The expert-parallel sizes among `candidates` (each > 1) that transformers accepts next to `tp_size` on
         `tp_size` ranks with no other parallelism: those its own `DistributedConfig` validation does not refuse
         (5.23-5.25: `ep_size` a multiple of `tp_size` that divides `fsdp_size x tp_size`, so `ep_size = tp_size`).
@@ -258,7 +269,7 @@ class PlanSeam:
 
         Source: transformers `DistributedConfig.__post_init__` (distributed/configuration_utils.py).
         """
-        accepted = []
+        accepted: list[int] = []
         for ep in sorted(set(candidates)):
             try:
                 self.distributed_config(tp_size, ep)
@@ -267,7 +278,8 @@ class PlanSeam:
             accepted.append(ep)
         return accepted
 
-    def resolve_plans(self, model, dc) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str], tuple]:
+    def resolve_plans(self, model: Model, dc: DistConfig) \
+            -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, str], ResolvedPlans]:
         """The concrete TP and EP plans `from_pretrained` applies: overrides merged, EP rules winning over TP rules on
         the same modules, `*` expanded into layer numbers; and the merged plans with the overrides.
 
@@ -315,7 +327,7 @@ class PlanSeam:
                     model.__dict__.pop(k, None)
         return dict(tp), dict(ep), merged_tp, merged_ep, raw
 
-    def model_names(self, model) -> set[str]:
+    def model_names(self, model: Model) -> set[str]:
         """Generic names (layer numbers as `*`) of every module and parameter: what a rule key must name.
 
         Source: transformers 5.23 `DistributedMixin._resolve_parallel_plans` / `_validate_parallel_plan`. Read once
@@ -333,7 +345,8 @@ class PlanSeam:
     # ------------------------------------------------------------------------------------------------------------------
     # Sharding on a fake process group
     # ------------------------------------------------------------------------------------------------------------------
-    def shard(self, model, dc, tp_size: int, ep_size: int, resolved: tuple | None = None) -> list[ShardedParam]:
+    def shard(self, model: Model, dc: DistConfig, tp_size: int, ep_size: int, resolved: ResolvedPlans | None = None) \
+            -> list[ShardedParam]:
         """Shard `model` with the loader's own `maybe_distribute_model` as rank 0 of a single-process fake process
         group, read every parameter's placements and every rank's local shape, and put the model back as it was.
 
@@ -375,14 +388,14 @@ class PlanSeam:
         finally:
             _restore(saved)
 
-    def unsharded(self, model, world: int) -> list[ShardedParam]:
+    def unsharded(self, model: Model, world: int) -> list[ShardedParam]:
         """Every parameter held whole by every rank (one rank, or a plan the loader refuses)."""
         return self._read(model, world)
 
-    def _read(self, model, world: int) -> list[ShardedParam]:
+    def _read(self, model: Model, world: int) -> list[ShardedParam]:
         modules = dict(model.named_modules())
         out = []
-        cache: dict = {}  # (global shape, mesh shape, placements) -> local shapes and placements: few distinct keys
+        cache: dict[Any, Any] = {}  # (global shape, mesh shape, placements) -> local shapes and placements: few distinct keys
         for name, param in model.named_parameters(remove_duplicate=False):
             module = modules.get(name.rpartition(".")[0])
             global_shape = tuple(int(x) for x in param.shape)
@@ -413,23 +426,23 @@ class _LazyPattern:
 
     __slots__ = ("_args", "_compiled")
 
-    def __init__(self, *args):
+    def __init__(self, *args: Any) -> None:
         self._args = args
-        self._compiled = None
+        self._compiled: re.Pattern[Any] | None = None
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         compiled = self._compiled
         if compiled is None:
             compiled = self._compiled = re.compile(*self._args)
         return getattr(compiled, name)
 
-    def __copy__(self):
+    def __copy__(self) -> _LazyPattern:
         return self
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: object) -> _LazyPattern:
         return self
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return re.compile, self._args
 
     def __repr__(self) -> str:
@@ -438,7 +451,7 @@ class _LazyPattern:
 
 
 @contextlib.contextmanager
-def _regexes_compiled_on_first_use():
+def _regexes_compiled_on_first_use() -> Iterator[None]:
     """While the block runs, `transformers.core_model_loading` compiles its regular expressions on first use.
 
     The first `get_model_conversion_mapping` of a process builds transformers' table of checkpoint conversions for
@@ -487,7 +500,7 @@ def _normalised(described: tuple[str, int | None, int, str], ndim: int) -> tuple
     return kind, dim, sf, text
 
 
-def _distributing_modules() -> tuple:
+def _distributing_modules() -> tuple[Any, ...]:
     """The transformers modules whose styles call `distribute_tensor` (each imports the name): the parameter styles
     of `tensor_parallel.py` and the expert styles of `expert_parallel.py` (transformers 5.23-5.24)."""
     from transformers.distributed import expert_parallel, tensor_parallel
@@ -499,7 +512,7 @@ def _distributing_modules() -> tuple:
 _SIZE_FIELDS = ("tp_size", "ep_size", "fsdp_size", "dp_replicate_size", "pp_size")
 
 
-def _resolution_key(model, dc) -> tuple | None:
+def _resolution_key(model: Model, dc: DistConfig) -> tuple[Any, ...] | None:
     """What transformers 5.23's `_resolve_parallel_plans` depends on besides the model's modules: the model's plans as
     they are now, whether each size is above 1 (`tp_size > 1`, `ep_size > 1`, ...; no size enters otherwise), and every
     other `DistributedConfig` field (the overrides, `ep_implementation`, ...). Two options of one run with the same key
@@ -520,12 +533,12 @@ def _resolution_key(model, dc) -> tuple | None:
     return fields, plans
 
 
-def _snapshot(model) -> list[tuple[Any, dict, list]]:
+def _snapshot(model: Model) -> list[tuple[Any, dict[str, Any], list[Any]]]:
     """What `maybe_distribute_model` may change in place: every module's `__dict__` (shallow), a copy of each of its
     non-empty dict-valued entries (parameters, buffers, submodules, hooks), the empty ones to clear again; and the
     configs' attributes. Empty hook dicts are the common case, so they are not copied."""
-    saved = []
-    configs = {}
+    saved: list[tuple[Any, dict[str, Any], list[Any]]] = []
+    configs: dict[int, tuple[Any, dict[str, Any], list[Any]]] = {}
     for m in model.modules():
         state = dict(m.__dict__)
         empty = []
@@ -542,7 +555,7 @@ def _snapshot(model) -> list[tuple[Any, dict, list]]:
     return saved + list(configs.values())
 
 
-def _restore(saved) -> None:
+def _restore(saved: list[tuple[Any, dict[str, Any], list[Any]]]) -> None:
     for obj, state, empty in saved:
         obj.__dict__.clear()
         obj.__dict__.update(state)

@@ -176,7 +176,8 @@ def batch(models: Iterable[str | ModelRef], *, tp_sizes: Iterable[int], ep_sizes
 
 
 def _generate(refs: list[ModelRef], pairs: list[tuple[int, int]], options: TaskOptions,
-              previous: Iterable[BatchResult], *, jobs: int | None, executor: str, ray_address: str | None) \
+              previous: Iterable[BatchResult], *, jobs: int | None, executor: Literal["local", "ray"],
+              ray_address: str | None) \
         -> Iterator[BatchResult]:
     refresh, plan, dtype = not options.read_cache, options.plan, options.dtype
     reused: dict[tuple[str, int, int], BatchResult] = {}
@@ -191,8 +192,9 @@ def _generate(refs: list[ModelRef], pairs: list[tuple[int, int]], options: TaskO
     for ref in refs:
         todo = tuple(p for p in pairs if (ref.text, *p) not in reused)
         for p in pairs:
-            if (ref.text, *p) in reused:
-                yield reused[(ref.text, *p)]
+            key = (ref.text, *p)
+            if key in reused:
+                yield reused[key]
         if todo:
             tasks.append((ref, todo))
     if not tasks:

@@ -85,7 +85,10 @@ def compare(old: Iterable[BatchResult], new: Iterable[BatchResult], previous: st
     """
     before = {r.id: r for r in old}
     after = {r.id: r for r in new}
-    new_errors, fixed, worse, better = [], [], [], []
+    new_errors: list = []
+    fixed: list = []
+    worse: list = []
+    better: list = []
 
     def identity(what: str) -> str:
         return "unreadable" if what.startswith("unreadable: ") else what

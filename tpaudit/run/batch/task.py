@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 from ...errors import ExitCode, TpauditError, UnsupportedVersionError, UsageError
 from .cache import _key_of, installed_versions, key_inputs, model_sha256, open_result_cache, plan_sha256
@@ -202,7 +202,8 @@ def _failed_task(task: Task, failure) -> list[BatchResult]:
     return [_error_line(ref.text, tp, ep, WorkerStopped(failure.error), 0.0) for tp, ep in pairs]
 
 
-def _run(tasks: list[Task], options: TaskOptions, jobs: int | None, executor: str, address: str | None) \
+def _run(tasks: list[Task], options: TaskOptions, jobs: int | None, executor: Literal["local", "ray"],
+         address: str | None) \
         -> Iterator[list[BatchResult]]:
     """Every task's lines, through the executor `scan` shares (`tpaudit.run.executor`)."""
     from ..executor import TaskFailed, run_tasks
