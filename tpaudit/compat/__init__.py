@@ -19,16 +19,19 @@ protocol (`_seam.py`): a line that lacks a member, or takes other parameters, fa
 from __future__ import annotations
 
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 from ..errors import UnsupportedVersionError
-from ._seam import Seam, require_seam
 from ._types import (ConfigReadError, EmptyPlanError, LoadStepError, ModuleFacts, PlanRejectedError, Placement,
                      QuantizationInfo, Renamer, SeamError, ShardedParam, SourceSpec)
 
 __all__ = ["ConfigReadError", "EmptyPlanError", "LoadStepError", "ModuleFacts", "PlanRejectedError", "Placement",
-           "QuantizationInfo", "Renamer", "Seam", "SeamError", "ShardedParam", "SourceSpec", "UnsupportedVersionError",
+           "QuantizationInfo", "Renamer", "SeamError", "ShardedParam", "SourceSpec", "UnsupportedVersionError",
            "backend", "installed_version", "require_installed", "reset_for_tests", "supported_range", "untested_note",
            "versions"]
+
+if TYPE_CHECKING:  # imported where a line is (`_lines()`), not at `tpaudit --help`
+    from ._seam import Seam
 
 _ACTIVE: Seam | None = None
 
@@ -44,6 +47,7 @@ def installed_version(dist: str) -> str | None:
 def _lines() -> tuple[type[Seam], ...]:
     """The release lines, newest first, each checked against the `Seam` protocol (`TypeError` names what is missing).
     """
+    from ._seam import require_seam
     from .transformers_5_23 import Transformers523
     from .transformers_5_25 import Transformers525
 

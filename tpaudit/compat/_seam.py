@@ -191,6 +191,8 @@ def require_seam(cls: type) -> type:
     Raises:
         TypeError: a member is missing or takes other parameters (names each; a tpaudit bug, exit 4).
     """
+    if cls in _CHECKED:
+        return cls
     problems = []
     for name in seam_members():
         if not _declared(cls, name):
@@ -208,4 +210,8 @@ def require_seam(cls: type) -> type:
     if problems:
         raise TypeError(f"release line {cls.__module__}.{cls.__qualname__} does not implement the seam "
                         f"(compat._seam.Seam): {'; '.join(problems)}")
+    _CHECKED.add(cls)
     return cls
+
+
+_CHECKED: set[type] = set()  # the classes found complete (a class does not change after it is made)
