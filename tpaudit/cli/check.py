@@ -111,8 +111,9 @@ def check(
         if suggested is None:
             raise UsageError("--suggest found no rule to propose, so there is no plan to write to --write-plan")
         write_output(json.dumps(suggested, indent=2) + "\n", write_plan)
-        ep = report.suggestion.expert_parallel
-        with_ep = f"; run it with --ep {ep['ep_size']} (expert parallelism for the routed experts)" if ep else ""
+        ep_advice = report.suggestion.expert_parallel
+        with_ep = (f"; run it with --ep {ep_advice['ep_size']} (expert parallelism for the routed experts)"
+                   if ep_advice else "")
         print(f"tpaudit: wrote the suggested plan ({len(suggested)} rules) to {write_plan}{with_ep}", file=sys.stderr)
     emit("check", format, report, output, unit=units.value, params="none" if quiet_params else params)
     if output is not None:  # the report is in the file: say so, as batch and scan do

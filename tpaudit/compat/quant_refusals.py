@@ -11,6 +11,10 @@ value explains the refusal of a config written for an older one (`accepted_by`).
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._types import QuantizationInfo
 
 _QUANT_ARGS = ("weights", "input_activations", "output_activations")
 
@@ -25,7 +29,7 @@ def refused_by(method: str) -> str:
     return text
 
 
-def format_refusal(qc: dict) -> str | None:
+def format_refusal(qc: dict[str, Any]) -> str | None:
     """Why compressed-tensors cannot load the `num_bits` of a config its parser (`QuantizationArgs`) accepted, or
     `None`.
 
@@ -40,7 +44,7 @@ def format_refusal(qc: dict) -> str | None:
     """
     if qc.get("quant_method") != "compressed-tensors":
         return None
-    groups = qc.get("config_groups") if isinstance(qc.get("config_groups"), dict) else {}
+    groups: dict[str, Any] = qc["config_groups"] if isinstance(qc.get("config_groups"), dict) else {}
     places = [(f"config_groups.{g}.{role}", group.get(role), group.get("format") or qc.get("format"))
               for g, group in groups.items() if isinstance(group, dict) for role in _QUANT_ARGS]
     places.append(("kv_cache_scheme", qc.get("kv_cache_scheme"), None))
@@ -94,7 +98,7 @@ def full_reason(error: BaseException, limit: int = 6000) -> str:
     return text if len(text) <= limit else f"{text[:limit]} ... ({len(text) - limit:,} more characters)"
 
 
-def refusal(method: str, reason: str):
+def refusal(method: str, reason: str) -> QuantizationInfo:
     """The `QuantizationInfo` of a config the loader refuses: `reason` whole, the refusing releases, and which
     releases accept it (`accepted_by`)."""
     from ._types import QuantizationInfo

@@ -15,9 +15,9 @@ One package declares every stage's values, one module per stage (`source`, `size
 
 from __future__ import annotations
 
-from ..compat._types import ModuleFacts, QuantizationInfo
-from ..compat.logic import generic_name
-from .evidence import (
+from ..compat._types import ModuleFacts, QuantizationInfo  # noqa: F401  (part of the data model)
+from ..compat.logic import generic_name  # noqa: F401  (re-exported)
+from .evidence import (  # noqa: F401
     PARITY_TOLERANCE,
     VERDICT_KINDS,
     VERDICT_STATUSES,
@@ -25,7 +25,7 @@ from .evidence import (
     RuleVerdict,
     SplitOutput,
 )
-from .findings import (
+from .findings import (  # noqa: F401
     SEVERITY_ORDER,
     Finding,
     FindingSubject,
@@ -35,11 +35,11 @@ from .findings import (
     Severity,
     why_unsharded,
 )
-from .load import LoadFamily, LoadIssue, LoadIssueKind, LoadSection
-from .report import REPORT_SCHEMA, BaselineSection, KVCacheSection, Report, SuggestionSection
-from .shards import ModuleFamily, ParamGroup, ParamOrigin, ParamShard, Sharding, ShardMap
-from .sizes import MAX_WORLD_SIZE, ParallelSizes
-from .source import (
+from .load import LoadFamily, LoadIssue, LoadIssueKind, LoadSection  # noqa: F401
+from .report import REPORT_SCHEMA, BaselineSection, KVCacheSection, Report, SuggestionSection  # noqa: F401
+from .shards import ModuleFamily, ParamGroup, ParamOrigin, ParamShard, Sharding, ShardMap  # noqa: F401
+from .sizes import MAX_WORLD_SIZE, ParallelSizes  # noqa: F401
+from .source import (  # noqa: F401
     SAFETENSORS_DTYPE_BITS,
     SAFETENSORS_DTYPE_BYTES,
     CheckpointTensor,
@@ -48,11 +48,3 @@ from .source import (
     checkpoint_tensors,
     total_bytes,
 )
-
-__all__ = ["BaselineSection", "CheckpointTensor", "Finding", "FindingSubject", "KVCacheSection", "LoadFamily",
-           "LoadIssue", "LoadIssueKind", "LoadSection", "Location", "MAX_WORLD_SIZE", "ModelSource", "ModuleFacts",
-           "ModuleFamily", "PARITY_TOLERANCE", "ParallelSizes", "ParamGroup", "ParamOrigin", "ParamShard",
-           "ParityResult", "QuantizationInfo", "REPORT_SCHEMA", "ReplicatedFamily", "Report", "RuleVerdict",
-           "SAFETENSORS_DTYPE_BITS", "SAFETENSORS_DTYPE_BYTES", "SEVERITY_ORDER", "Severity", "ShardMap", "Sharding",
-           "SourceKind", "SplitOutput", "SuggestionSection", "VERDICT_KINDS", "VERDICT_STATUSES", "checkpoint_tensors",
-           "generic_name", "total_bytes", "why_unsharded"]
