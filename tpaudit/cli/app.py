@@ -7,6 +7,7 @@ rank · 4 internal error (a tpaudit bug) · 130 interrupted.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -155,10 +156,10 @@ def _wrap_between_words() -> None:
 
     for name in ("typer._click._textwrap", "click._textwrap"):
         try:
-            module = importlib.import_module(name)
+            module: Any = importlib.import_module(name)
         except ImportError:
             continue
-        base = getattr(module, "TextWrapper", None)
+        base: Any = getattr(module, "TextWrapper", None)
         if base is None or getattr(base, "_between_words", False):
             continue
 

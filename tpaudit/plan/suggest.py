@@ -15,7 +15,7 @@ import json
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from ..compat.styles import REPLICATE
 from ..model import FindingSubject
@@ -168,7 +168,7 @@ def _layout_voters(voters: list[str], matched: str, ours: tuple[int, ...], limit
 
 def suggest_rules(report, base_plan: dict[str, str], text_prefix: str, layouts: dict | None = None,
                   defer: set[str] | None = None, hidden: int | None = None, *,
-                  actions: dict[str, str]) -> tuple[list[Suggestion], list[Unresolved]]:
+                  actions: Mapping[str, str]) -> tuple[list[Suggestion], list[Unresolved]]:
     """Rules for the error findings of `report` whose rule declares a `--suggest` action: `"vote"` (a replicated
     family: the style sibling architectures vote for) or `"keep_whole"` (quantization metadata or a scale split by its
     module's rule: a `replicate` rule keeps the key the finding's subject names whole on every rank).
@@ -298,7 +298,7 @@ def _fixed_counts(before, after) -> dict[str, int]:
     return counts
 
 
-def with_suggestion(audit, report, sizes, *, actions: dict[str, str], options=None, dist_overrides=None):
+def with_suggestion(audit, report, sizes, *, actions: Mapping[str, str], options=None, dist_overrides=None):
     """`report` with a `suggestion` section: the configuration that works, searched as plan rules and an ep size
     together, each candidate re-checked with the whole check (`Audit.report`: the load stage, and the parity check
     where the candidate's layouts need evidence).
@@ -358,10 +358,10 @@ def with_suggestion(audit, report, sizes, *, actions: dict[str, str], options=No
     dead = {k[len(prefix):] if k.startswith(prefix) else k for k in report.unused_rules}
     dead = {k for k in dead if k in base_plan}  # rules that match nothing leave the suggested plan
     base_plan = {k: v for k, v in base_plan.items() if k not in dead}
-    fields = dict(rules={s.key: s.style for s in suggestions}, removed=sorted(dead),
-                  unresolved=[str(u) for u in unresolved],
-                  voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
-                  before=summary(report))
+    fields: dict[str, Any] = dict(
+        rules={s.key: s.style for s in suggestions}, removed=sorted(dead), unresolved=[str(u) for u in unresolved],
+        voters={s.key: {"matched": s.matched, "votes": s.votes, "examples": s.voters} for s in suggestions},
+        before=summary(report))
     if suggestions or ep_sizes:
         best = None
         for ep in ep_sizes or [sizes.ep_size]:

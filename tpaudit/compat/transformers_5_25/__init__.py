@@ -22,7 +22,10 @@ What 5.25.0 changed that tpaudit calls or reports (read in its `distributed/`, `
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from .._probe import Capability
+from .._types import Config, ModelClass, TorchDtype
 from ..styles import MOE_IDENTITY_EXPERT, MOE_TP_EXPERTS, UNIT_COLWISE, UNIT_ROWWISE, StyleVocabulary
 from ..transformers_5_23 import Transformers523
 
@@ -60,13 +63,13 @@ def _capabilities() -> tuple[Capability, ...]:
 class Transformers525(Transformers523):
     """transformers 5.25.x on torch 2.13-2.14 (see the module's docstring for what differs from 5.23/5.24)."""
 
-    LINE = "5.25"
-    TESTED_RELEASES = ("5.25",)
-    SUPPORTED = ">=5.25,<5.26"
-    CAPABILITIES = _capabilities()
-    STYLES = StyleVocabulary525
+    LINE: ClassVar[str] = "5.25"
+    TESTED_RELEASES: ClassVar[tuple[str, ...]] = ("5.25",)
+    SUPPORTED: ClassVar[str] = ">=5.25,<5.26"
+    CAPABILITIES: ClassVar[tuple[Capability, ...]] = _capabilities()
+    STYLES: ClassVar[type[StyleVocabulary]] = StyleVocabulary525
 
-    def init_contexts(self, cls, dtype, is_quantized: bool, config) -> list:
+    def init_contexts(self, cls: ModelClass, dtype: TorchDtype, is_quantized: bool, config: Config) -> list[Any]:
         """The context managers `from_pretrained` builds a model under, the config's fusion patches included.
 
         Source: transformers 5.25 `PreTrainedModel.get_init_context(..., config)` (`fusion_config` ->
