@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from ._probe import Capability
 from ._types import (Config, DistConfig, Model, ModelClass, ModuleFacts, Placement, QuantizationInfo, Quantizer,
@@ -175,6 +175,9 @@ class Seam(Protocol):
     def unsharded(self, model: Model, world: int) -> list[ShardedParam]: ...
 
 
+_Line = TypeVar("_Line", bound=type)
+
+
 def seam_members() -> tuple[str, ...]:
     """The names every release line must provide: `Seam`'s methods and attributes, sorted."""
     names = {n for n, v in vars(Seam).items() if not n.startswith("_") and (callable(v) or isinstance(v, classmethod))}
@@ -185,12 +188,12 @@ def _declared(cls: type, name: str) -> bool:
     return hasattr(cls, name) or any(name in getattr(c, "__annotations__", {}) for c in cls.__mro__)
 
 
-def _parameters(fn: object) -> list[tuple[str, Any]]:
+def _parameters(fn: Any) -> list[tuple[str, Any]]:
     func = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
-    return [(p.name, p.kind) for p in inspect.signature(func).parameters.values()]  # type: ignore[arg-type]
+    return [(p.name, p.kind) for p in inspect.signature(func).parameters.values()]
 
 
-def require_seam(cls: type) -> type:
+def require_seam(cls: _Line) -> _Line:
     """Check that release-line class `cls` implements every `Seam` member with `Seam`'s parameters (names and kinds);
     returns `cls`, so it also serves as a class decorator.
 
