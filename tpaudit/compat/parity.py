@@ -311,7 +311,7 @@ def text_route(config: Any) -> tuple[Any, bool]:
     return text, text is not config
 
 
-def required_forward_inputs(model_class) -> list[str]:
+def required_forward_inputs(model_class: Any) -> list[str]:
     """The arguments `model_class.forward` requires (no default) besides the token ids: inputs the parity check's
     token-id batch cannot give (PI0's robot `state`).
 
@@ -328,7 +328,7 @@ def required_forward_inputs(model_class) -> list[str]:
 
 
 @contextlib.contextmanager
-def collected_library_messages():
+def collected_library_messages() -> Iterator[list[str]]:
     """Collect what transformers' and torch's loggers and Python warnings say inside the block instead of letting it
     reach the terminal (a kernel falling back to its reference implementation during a small model's forward);
     yields the list it fills, one `"transformers: <first line>"` (or `"<WarningClass>: ..."`) entry per message.
@@ -345,7 +345,7 @@ def collected_library_messages():
         return first[:300]
 
     class _Collect(logging.Handler):
-        def emit(self, record):  # noqa: D102 - a logging.Handler
+        def emit(self, record: logging.LogRecord) -> None:  # noqa: D102 - a logging.Handler
             try:
                 got.append(f"{record.name.split('.')[0]}: {line(record.getMessage())}")
             except Exception:  # noqa: BLE001 - a message that cannot be formatted is dropped, never raised

@@ -168,8 +168,13 @@ def _run_pool(fn, tasks, jobs, initializer, propagate, max_tasks_per_child=None)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    import sys
+
+    # `max_tasks_per_child` is Python 3.11's; on 3.10 (which tpaudit supports) every worker lives for the whole pool
+    recycle: dict[str, Any] = ({"max_tasks_per_child": max_tasks_per_child}
+                               if max_tasks_per_child is not None and sys.version_info >= (3, 11) else {})
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=initializer, max_tasks_per_child=max_tasks_per_child)
+                               initializer=initializer, **recycle)
     try:
         futures = {pool.submit(_call, fn, task): task for task in tasks}
         for future in as_completed(futures):
