@@ -203,6 +203,15 @@ def _expert_parallel_fix(ctx: CheckContext, name: str, relative: str) -> tuple[s
     return "", options
 
 
+def _ep_options(ctx: CheckContext, why: str) -> tuple[FixOption, ...]:
+    """`--ep N` on the same ranks, for each ep size transformers accepts there, as alternatives to re-check."""
+    from ..compat import backend
+
+    tp = ctx.shard_map.tp_size
+    return tuple(FixOption(f"Use --tp {tp} --ep {ep}: {why}", tp, ep)
+                 for ep in backend().accepted_ep_sizes(tp, range(2, tp + 1)))
+
+
 @rule("TPA002", "unused_rule", severity="warning", breaks_forward=False, suggest=None,
       counts_replicated=False, fails_load=False)
 def check_unused_rule(ctx: CheckContext) -> Iterable[Finding]:
@@ -377,6 +386,9 @@ def check_no_plan(ctx: CheckContext) -> Iterable[Finding]:
         message=(f"{ctx.architecture}'s tensor-parallel plan shards nothing inside its decoder layers at tp_size "
                  f"{sm.tp_size}: {why}; {ctx.size(layer_bytes)} of layer weights are held whole on every rank"),
         fix=f"Add attention and MLP rules to {ctx.owner_class} base_model_tp_plan (tpaudit check --suggest){ep_hint}",
+        fix_options=_ep_options(ctx, "the model's expert-parallel plan shards its experts by expert") if ep_hint
+        else (),
+        fix_fallback=f"Add attention and MLP rules to {ctx.owner_class} base_model_tp_plan (tpaudit check --suggest)",
         facts={"layer_bytes": layer_bytes, "loader_errors": list(ctx.plan.loader_errors),
                "sharded": [g.generic_name for g in sharded_elsewhere], "has_ep_plan": bool(ctx.plan.ep_rules)})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..model import Finding, FixOption, LoadIssue
+from ..model import Finding, FindingSubject, FixOption, LoadIssue
 from ..units import ranks_text
 from .registry import CheckContext, rule
 
@@ -82,6 +82,7 @@ def check_load_failure(ctx: CheckContext) -> Iterable[Finding]:
         yield Finding(
             code="TPA304", kind="load_failure", severity="error", target=issue.name, message=message, fix=fix,
             facts=_facts(issue), fix_options=tuple(options),
+            subject=FindingSubject(rule_key=key, key_kind="parameter", families=(issue.name,)) if options else None,
             fix_fallback=(f"Keep `{key}` whole (drop its rule) or split it as the stored layout allows, or store the "
                           "checkpoint in the runtime layout; confirm with tpaudit verify"))
 

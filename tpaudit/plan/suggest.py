@@ -271,7 +271,7 @@ def snippet(owner_class: str, base_plan: dict[str, str], suggestions: list[Sugge
     return "\n".join(lines) + "\n"
 
 
-def _expert_parallel(report, sizes, relative) -> tuple[set[str], list[int]]:
+def _expert_parallel(report, sizes) -> tuple[set[str], list[int]]:
     """Rule keys of the error findings whose fix is expert parallelism (their concrete alternatives, proposed by the
     checks, name an ep size > 1 on the same tp size: routed experts the model's EP plan covers), and those ep sizes
     (transformers accepts them on the same ranks)."""
@@ -279,12 +279,12 @@ def _expert_parallel(report, sizes, relative) -> tuple[set[str], list[int]]:
     eps: set[int] = set()
     for f in report.findings:
         ep = [o.ep_size for o in f.fix_options if o.ep_size > 1 and o.tp_size == sizes.tp_size and not o.plan_edits]
-        if f.severity == "error" and ep:
+        if f.severity == "error" and ep and f.subject is not None and f.subject.rule_key:
+            # a finding about one family of routed experts (not a whole-plan one whose fix also names --ep)
             eps.update(ep)
-            key = f.subject.rule_key if f.subject and f.subject.rule_key else relative(f.target)
-            keys.add(key)
-            if f.subject is None or f.subject.key_kind == "parameter":
-                keys.add(key.rpartition(".")[0])
+            keys.add(f.subject.rule_key)
+            if f.subject.key_kind == "parameter":
+                keys.add(f.subject.rule_key.rpartition(".")[0])
     return keys, sorted(eps)
 
 
@@ -349,7 +349,7 @@ def with_suggestion(audit, report, sizes, *, actions: Mapping[str, str], options
         return {"worst_rank_param_bytes": r.worst_rank_param_bytes, "replicated_bytes": r.replicated_bytes,
                 "errors": r.count("error"), "warnings": r.count("warning")}
 
-    ep_keys, ep_sizes = _expert_parallel(report, sizes, built.relative_key)
+    ep_keys, ep_sizes = _expert_parallel(report, sizes)
     from ..metamodel import vocabulary as V
 
     hidden = next(iter(built.facts.role_values(V.HIDDEN)[1]), None) if built.facts is not None else None
