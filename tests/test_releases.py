@@ -159,3 +159,27 @@ def test_verify_says_when_the_release_is_untested():
     out = io.StringIO()
     get("verify", "table").fn(result, Console(file=out, width=120))
     assert "transformers 5.26.0.dev0 is not a release tpaudit was tested with" in out.getvalue()
+
+
+@since_525
+def test_scan_covers_the_model_types_new_in_5_25(tmp_path):
+    """The seven model types 5.25 added with plans each get an audited row; minicpm5_moe's only errors are its routed
+    experts, which its TP plan leaves to the EP plan (read from the config class)."""
+    import json
+
+    from conftest import run_main
+    from transformers import MiniCPM5MoeConfig
+
+    new = ["minicpm5_moe", "param2moe", "kolibri1_1", "ergo", "llava_onevision1_5", "ovis2_5", "pi05"]
+    args = ["scan", "--tp", "4", "--jobs", "1", "--format", "json", "-o", str(tmp_path / "scan.json")]
+    for t in new:
+        args += ["--model-type", t]
+    run_main(*args)
+    rows = {m["model_type"]: m for m in json.loads((tmp_path / "scan.json").read_text())["models"]}
+    assert sorted(rows) == sorted(new)
+    assert {t: r["status"] for t, r in rows.items() if r["status"] not in ("ok", "no_plan")} == {}
+    assert rows["ergo"]["status"] == "no_plan"          # an EP plan only
+    experts = {k.rpartition(".")[2] for k in MiniCPM5MoeConfig.base_model_ep_plan if ".experts." in k}
+    assert not any(".experts." in k for k in MiniCPM5MoeConfig.base_model_tp_plan)
+    errors = {f["target"] for f in rows["minicpm5_moe"]["findings"] if f["severity"] == "error"}
+    assert errors == {f"model.layers.*.mlp.experts.{p}" for p in experts}
