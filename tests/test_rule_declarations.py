@@ -33,6 +33,7 @@ EXPECTED = {
     "TPA303": ("error", False, None, False, False),
     "TPA304": ("error", False, None, False, True),
     "TPA401": ("note", False, None, False, False),
+    "TPA402": ("warning", False, None, False, False),
     "TPA501": ("error", True, None, False, False),
     "TPA502": ("error", True, None, False, False),
 }
