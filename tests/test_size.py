@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import CASES, FIXTURES, read_json_any, run_main
+from releases import plan_524
 
 GB = 10**9
 
@@ -85,14 +86,18 @@ def test_sliding_window_layers_stop_at_their_window():
 @pytest.mark.slow  # the 91,991-tensor DeepSeek-V3 fixture
 def test_mla_cache_follows_the_expanded_heads():
     c = config_of("deepseek-v3")
-    # transformers caches MLA keys (nope + rope) and values per head; 5.23's plan does not shard kv_b_proj,
-    # so every rank caches all heads at any tp.
+    # transformers caches MLA keys (nope + rope) and values per head; 5.23/5.24's plan does not shard kv_b_proj,
+    # so every rank caches all heads at any tp; 5.25's splits it colwise, so each of 8 ranks caches 128 / 8 heads.
+    from transformers import DeepseekV3Config
+
     per_token = c["num_hidden_layers"] * c["num_attention_heads"] * (
         c["qk_nope_head_dim"] + c["qk_rope_head_dim"] + c["v_head_dim"]) * 2
+    assert per_token == 4_997_120
+    split = 8 if DeepseekV3Config.base_model_tp_plan.get("layers.*.self_attn.kv_b_proj") == "colwise" else 1
     report = size("deepseek-v3", capacity_bytes=141 * GB, gpu_name=None, tp_sizes=[8], context=1024)
     o = option(report, 8)
-    assert o.kv_cache_bytes_per_token_per_rank == per_token == 4_997_120
-    total = o.worst.param_bytes + per_token * 1024 + (1 << 30) + int(0.08 * 141 * GB)
+    assert o.kv_cache_bytes_per_token_per_rank == per_token // split
+    total = o.worst.param_bytes + per_token // split * 1024 + (1 << 30) + int(0.08 * 141 * GB)
     assert o.worst.total_bytes == total and o.fits == (total <= 141 * GB)
 
 
@@ -257,8 +262,8 @@ def _local_elements_by_hand(tensors, splits, tp):
 
 @pytest.mark.slow
 def test_training_qwen3_vl_tp4_shipped_and_pre_fix_plans():
-    """The issue's figures: 16 B x local elements of a bf16 model, with the shipped plan and the one before the fix
-    (experts replicated on every rank)."""
+    """The issue's figures: 16 B x local elements of a bf16 model, with the plan transformers 5.23/5.24 shipped (the
+    experts split by TP) and the one before the fix (experts replicated on every rank, as 5.25 ships it again)."""
     from conftest import CASES, snapshot_tensors
     from test_check_real_models import QWEN3_VL_SPLITS_PRE_FIX, QWEN3_VL_SPLITS_SHIPPED
 
@@ -270,7 +275,7 @@ def test_training_qwen3_vl_tp4_shipped_and_pre_fix_plans():
     pre_fix = _local_elements_by_hand(tensors, QWEN3_VL_SPLITS_PRE_FIX, 4)
     assert shipped == [8_181_257_456] * 4 and pre_fix == [29_924_529_392] * 4
     plan = json.loads((CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json").read_text())
-    for elements, plan_override in ((shipped, None), (pre_fix, plan)):
+    for elements, plan_override in ((shipped, plan_524("qwen3-vl-moe")), (pre_fix, plan)):
         report = size("qwen3-vl-30b-a3b-instruct", capacity_bytes=80 * GB, gpu_name=None, tp_sizes=[4],
                       plan_override=plan_override, training=TrainingSetup())
         tr = option(report, 4).training
@@ -378,7 +383,8 @@ def test_training_ep_adafactor_on_expert_shards():
 # ----------------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_max_context_qwen3_vl_tp4_is_the_exact_largest():
-    """24 GB GPUs: 24e9 - 16,362,514,912 B of weights - (1 GiB + 8%) overhead, at 24,576 B per token per rank."""
+    """24 GB GPUs: 24e9 - 16,362,514,912 B of weights - (1 GiB + 8%) overhead, at 24,576 B per token per rank, with
+    the experts split by TP as transformers 5.23/5.24 shipped the plan (5.25 leaves them to the EP plan)."""
     text = config_of("qwen3-vl-30b-a3b-instruct")["text_config"]
     per_token = text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2 * 2 // 4
     left = 24 * GB - 16_362_514_912 - ((1 << 30) + int(0.08 * 24 * GB))
@@ -386,7 +392,9 @@ def test_max_context_qwen3_vl_tp4_is_the_exact_largest():
     assert expected == 188_954
     assert 16_362_514_912 + expected * per_token + (1 << 30) + int(0.08 * 24 * GB) <= 24 * GB
     assert 16_362_514_912 + (expected + 1) * per_token + (1 << 30) + int(0.08 * 24 * GB) > 24 * GB
-    report = size("qwen3-vl-30b-a3b-instruct", capacity_bytes=24 * GB, gpu_name=None, tp_sizes=[2, 4])
+    plan = plan_524("qwen3-vl-moe")
+    report = size("qwen3-vl-30b-a3b-instruct", capacity_bytes=24 * GB, gpu_name=None, tp_sizes=[2, 4], ep_sizes=[1],
+                  plan_override=plan)
     o = option(report, 4).to_json()
     assert o["bytes_left_for_kv_cache"] == left
     assert o["max_context_tokens"] == expected
@@ -399,8 +407,8 @@ def test_max_context_qwen3_vl_tp4_is_the_exact_largest():
     # The context the report says fits, sized as a normal option, fits in memory; one more token does not (the
     # option itself is invalid: this checkpoint's TP load fails, TPA304, which the arithmetic does not depend on).
     for context, fits in ((expected, True), (expected + 1, False)):
-        again = size("qwen3-vl-30b-a3b-instruct", capacity_bytes=24 * GB, gpu_name=None, tp_sizes=[4],
-                     context=context)
+        again = size("qwen3-vl-30b-a3b-instruct", capacity_bytes=24 * GB, gpu_name=None, tp_sizes=[4], ep_sizes=[1],
+                     context=context, plan_override=plan)
         assert (option(again, 4).worst.total_bytes <= 24 * GB) is fits and option(again, 4).valid is False
 
 

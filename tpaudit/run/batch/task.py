@@ -49,7 +49,7 @@ def _error_line(model: str, tp: int, ep: int, error: BaseException, seconds: flo
 def _reports(source, pairs: Sequence[tuple[int, int]], options: TaskOptions) -> Iterator[tuple[int, int, Any]]:
     """The one call into the analysis pipeline: the model is built once (`audit.Audit`), then every (tp_size,
     ep_size) is resolved and simulated from that build; yields `(tp, ep, Report)` or `(tp, ep, exception)`."""
-    from ..pipeline import Audit
+    from ..pipeline import Audit, CheckRequest
     from ...metamodel import BuildOptions
     from ...model import ParallelSizes
 
@@ -61,7 +61,8 @@ def _reports(source, pairs: Sequence[tuple[int, int]], options: TaskOptions) -> 
         return
     for tp, ep in pairs:
         try:
-            yield tp, ep, audit.report(ParallelSizes.of(tp, ep), parity="off")
+            # as `tpaudit check` does it, fixes re-checked: a line's findings are the single check's
+            yield tp, ep, audit.check(CheckRequest(ParallelSizes.of(tp, ep), parity="off"))
         except Exception as e:  # noqa: BLE001 - one pair never stops the model's other pairs
             yield tp, ep, e
 
