@@ -72,17 +72,18 @@ def cache_env(tmp_path, monkeypatch):
 
 @pytest.fixture
 def audits(monkeypatch):
-    """Count the pipeline runs (`Audit.report` calls: one simulation of one (model, tp, ep)) made in this process."""
+    """Count the lines computed (`Audit.check` calls: one check of one (model, tp, ep), its fixes re-checked by
+    further simulations) made in this process."""
     import tpaudit.run.pipeline
 
     calls = []
-    real = tpaudit.run.pipeline.Audit.report
+    real = tpaudit.run.pipeline.Audit.check
 
-    def counting(self, sizes, **kwargs):
-        calls.append((self.source.ref, sizes.tp_size, sizes.ep_size))
-        return real(self, sizes, **kwargs)
+    def counting(self, request, **kwargs):
+        calls.append((self.source.ref, request.sizes.tp_size, request.sizes.ep_size))
+        return real(self, request, **kwargs)
 
-    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "report", counting)
+    monkeypatch.setattr(tpaudit.run.pipeline.Audit, "check", counting)
     return calls
 
 
