@@ -164,7 +164,13 @@ def test_suggest_fixes_qwen2_moe_shared_expert(tmp_path):
                           "layers.*.mlp.shared_expert.up_proj": "colwise",
                           "layers.*.mlp.shared_expert.down_proj": "rowwise"}
     shared = config["num_hidden_layers"] * 3 * config["shared_expert_intermediate_size"] * config["hidden_size"] * 2
-    assert s["after"]["worst_rank_param_bytes"] == s["before"]["worst_rank_param_bytes"] - shared * 3 // 4
+    # where the release's plan leaves the routed experts to expert parallelism (5.25), --suggest also proposes ep 4,
+    # which splits them 4 ways (gate_up [E, 2I, H] + down [E, H, I] per layer, bf16); else the ep size stays 1
+    experts = config["num_hidden_layers"] * config["num_experts"] * 3 * config["moe_intermediate_size"] * \
+        config["hidden_size"] * 2
+    split = experts * 3 // 4 if s["ep_size"] == 4 else 0
+    assert s["ep_size"] in (1, 4) and (s["ep_size"] == 4) == bool(s["expert_parallel"])
+    assert s["after"]["worst_rank_param_bytes"] == s["before"]["worst_rank_param_bytes"] - shared * 3 // 4 - split
     assert s["after"]["errors"] == 0 and s["new_errors"] == []
     assert '"layers.*.mlp.shared_expert.up_proj": "colwise",  # added' in s["snippet"]
 
