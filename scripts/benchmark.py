@@ -254,8 +254,7 @@ def scan_parity(jobs: str, model_types: list[str] | None) -> int:
     for t in model_types or []:
         base += ["--model-type", t]
     what = f"{len(model_types)} model types" if model_types else "whole zoo"
-    print(f"
-scan of the {what}, --jobs {jobs} (peak RSS: every process of the scan together):", flush=True)
+    print(f"\nscan of the {what}, --jobs {jobs} (peak RSS: every process of the scan together):", flush=True)
     peaks = {}
     for name, cmd in (("scan", base), ("scan --parity", base + ["--parity"])):
         wall, peak, code = run_tree(cmd)
