@@ -35,29 +35,40 @@ def option(report, tp, ep=1):
 
 
 def test_qwen3_vl_moe_recommendation_and_kv(tmp_path):
-    text = config_of("qwen3-vl-30b-a3b-instruct")["text_config"]
+    from transformers import Qwen3VLMoeTextConfig
+
+    config = config_of("qwen3-vl-30b-a3b-instruct")
+    text = config["text_config"]
     per_token_tp1 = text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2 * 2
     assert per_token_tp1 == 98_304
+    experts = text["num_hidden_layers"] * text["num_experts"] * 3 * text["moe_intermediate_size"] * \
+        text["hidden_size"] * 2
     proc = run_main("size", str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), "--gpu-memory", "24GB",
-                   "--context", "32768", "--ep", "1", "--format", "json")
+                   "--context", "32768", "--format", "json")
     assert not proc.stderr, proc.stderr   # the exit code is asserted below, with the options that decide it
     out = json.loads(proc.stdout)
     assert out["schema"] == "tpaudit/size/v1"
-    opts = {o["tp_size"]: o for o in out["options"]}
-    assert opts[1]["kv_cache_bytes_per_token_per_rank"] == per_token_tp1
-    assert opts[4]["kv_cache_bytes_per_token_per_rank"] == per_token_tp1 // 4 == 24_576
-    assert opts[4]["kv_cache_bytes"] == 24_576 * 32_768
-    assert opts[8]["valid"] is False and "4 KV heads" in opts[8]["reason"]
-    assert opts[4]["worst_rank_param_bytes"] == 16_362_514_912
-    assert opts[4]["overhead_bytes"] == (1 << 30) + int(0.08 * 24 * GB)
-    assert opts[4]["total_bytes"] == 16_362_514_912 + 24_576 * 32_768 + opts[4]["overhead_bytes"]
-    # tp 4 would fit (16.2 GB of weights + 0.8 GB of KV cache + overhead <= 24 GB) but transformers 5.23/5.24 cannot
-    # TP-load this checkpoint's stored experts (TPA304, decided in tests/test_check_real_models.py), so tp 2 and tp 4
-    # are invalid, tp 8 splits a KV head and tp 1 does not fit: nothing to recommend (exit 1)
-    assert opts[4]["total_bytes"] <= 24 * GB
-    assert opts[2]["valid"] is opts[4]["valid"] is False and all("TPA304" in opts[t]["reason"] for t in (2, 4))
-    assert not opts[1]["fits"] and opts[1]["valid"]
-    assert proc.returncode == 1 and out["recommended"] is None
+    opts = {(o["tp_size"], o["ep_size"]): o for o in out["options"]}
+    assert opts[(1, 1)]["kv_cache_bytes_per_token_per_rank"] == per_token_tp1
+    assert opts[(4, 4)]["kv_cache_bytes_per_token_per_rank"] == per_token_tp1 // 4 == 24_576
+    assert opts[(4, 4)]["kv_cache_bytes"] == 24_576 * 32_768
+    assert opts[(8, 1)]["valid"] is False and "4 KV heads" in opts[(8, 1)]["reason"]
+    # tp 4 with the experts split by expert (ep 4, which size tries by itself for a model with an EP plan)
+    assert opts[(4, 4)]["worst_rank_param_bytes"] == 16_362_514_912
+    assert opts[(4, 4)]["overhead_bytes"] == (1 << 30) + int(0.08 * 24 * GB)
+    assert opts[(4, 4)]["total_bytes"] == 16_362_514_912 + 24_576 * 32_768 + opts[(4, 4)]["overhead_bytes"]
+    assert opts[(4, 4)]["total_bytes"] <= 24 * GB and opts[(4, 4)]["errors"] == []
+    if any("experts" in k for k in Qwen3VLMoeTextConfig.base_model_tp_plan or {}):
+        # 5.23/5.24: tp alone splits the experts, but transformers cannot TP-load this checkpoint's stored experts
+        # (TPA304, decided in tests/test_check_real_models.py)
+        assert opts[(2, 1)]["valid"] is opts[(4, 1)]["valid"] is False
+        assert all("TPA304" in opts[(t, 1)]["reason"] for t in (2, 4))
+    else:
+        # 5.25: the shipped plan leaves the experts to expert parallelism: tp alone holds them whole on every rank
+        assert opts[(4, 1)]["worst_rank_param_bytes"] == 16_362_514_912 + experts * 3 // 4
+        assert not opts[(4, 1)]["fits"] and any(e.startswith("TPA001") for e in opts[(4, 1)]["errors"])
+    assert not opts[(1, 1)]["fits"] and opts[(1, 1)]["valid"]
+    assert proc.returncode == 0 and out["recommended"] == {"tp_size": 4, "ep_size": 4}
 
 
 def test_dense_llama_kv_scales_with_tp_and_kv_dtype():
