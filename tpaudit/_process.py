@@ -35,6 +35,10 @@ place of the installed one: a folder without `__init__.py` as an empty namespace
 then failed the import of the command line (`ImportError: cannot import name '__version__' from 'tpaudit' (unknown
 location)`) on every rank. `exit_if_shadowed`, which `__main__` calls before importing anything else, names the
 folder instead. (This module imports nothing from tpaudit, so it loads even then.)
+
+**A child's environment.** A child tpaudit starts for its own work (the parity check's, the guard's analysis, the
+ranks `verify` launches through torchrun) must not believe it is a worker of the caller's torchrun: its environment
+leaves out what torchrun sets for a worker (`TORCHRUN_ENV`, `without_torchrun`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,20 @@ import gc
 # mypy's `main.py` setting (`gc.set_threshold(200 * 1000, 30, 30)`), for the same kind of allocation-heavy,
 # short-lived process
 GC_THRESHOLDS = (200_000, 30, 30)
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+"""What torchrun (`torch.distributed.run`) sets in each worker's environment; the first three are set for every worker
+(a process that has them is one: `verify.under_torchrun`)."""
+
+
+def without_torchrun(environ=None, *also: str) -> dict[str, str]:
+    """`environ` (default `os.environ`) without `TORCHRUN_ENV` nor the names in `also`: for a child process."""
+    import os
+
+    drop = set(TORCHRUN_ENV) | set(also)
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in drop}
 
 
 _paused = False

@@ -74,10 +74,14 @@ def format_int(n: int) -> str:
     return f"{n:,}"
 
 
-def shorten(text: str, width: int) -> str:
-    """`text` with its whitespace collapsed, whole when it fits in `width` characters, else cut at a word boundary
-    and ended with " ..." (`textwrap.shorten`), so a message never stops mid-word or mid-value. A first word longer
-    than `width` is cut where it must be."""
+def shorten(text, width: int, *, words: bool = True) -> str:
+    """`text` (`str()` of it) on one line, its whitespace collapsed, whole when it fits in `width` characters, else
+    cut: at a word boundary and ended with " ..." (`textwrap.shorten`), so a message never stops mid-word or mid-value
+    (a first word longer than `width` is cut where it must be); or, with `words=False`, after `width - 3` characters
+    and ended with "..." (a library's error text, a JSON value), `width` characters in all."""
+    if not words:
+        line = " ".join(str(text).split())
+        return line if len(line) <= width else line[: width - 3] + "..."
     import textwrap
 
     short = textwrap.shorten(text, width, placeholder=" ...")

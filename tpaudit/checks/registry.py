@@ -347,15 +347,6 @@ class CheckContext:
             return True
         return not self.text_prefix or name.startswith(self.text_prefix + ".")
 
-    def in_decoder_layers(self, p: ParamShard) -> bool:
-        """True for a parameter inside the decoder's repeated layers (`<prefix>.layers.*.`, or another name of
-        `vocabulary.DECODER_LAYERS`)."""
-        from ..metamodel.vocabulary import DECODER_LAYERS
-
-        prefix = self.text_prefix + "." if self.text_prefix else ""
-        rest = "." + p.name[len(prefix):]
-        return p.name.startswith(prefix) and any(f".{leaf}." in rest for leaf in DECODER_LAYERS.leaves)
-
 
 def run_checks(ctx: CheckContext) -> list[Finding]:
     """Run every stable rule and return its findings, sorted by severity, code and target."""

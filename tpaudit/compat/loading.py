@@ -30,6 +30,7 @@ from typing import Any
 
 from ._probe import Capability
 from ._types import LoadStepError, SourceSpec, TorchDtype
+from ..units import shorten
 
 __all__ = ["CAPABILITIES", "LoadStepError", "RankReader", "SourceSpec", "convert", "decompressed_on_first_forward",
            "natural_key", "packed_width_fallback", "rank_shard_operation"]
@@ -43,8 +44,8 @@ CAPABILITIES = (
 
 
 def _one_line(e: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(e).split())
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    """`e` as `"Type: message"`, the message on one line and at most `limit` characters; `"Type"` without one."""
+    text = shorten(e, limit, words=False)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
@@ -148,7 +149,7 @@ class RankReader:
             source = torch.tensor(spec.values, dtype=torch_dtype).reshape(spec.shape)
             try:
                 return self.op.shard_tensor(source, tensor_idx=spec.tensor_idx)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - as in local_shape: whatever transformers raises fails the read
                 raise LoadStepError("read", "DtensorShardOperation.shard_tensor", _one_line(e)) from None
         shape = self.local_shape(spec, torch_dtype)
         if shape is None:

@@ -25,7 +25,8 @@ from typing import Any
 
 from ..compat import parity as seam
 from ..model import PARITY_TOLERANCE
-from .small_model import SmallModel, short
+from ..units import shorten
+from .small_model import SmallModel
 from .trace import tensors
 
 
@@ -199,10 +200,10 @@ def run_ranks(small: SmallModel, tp_size: int, ep_size: int, timeout: float,
             if str(e) == seam.TERMINATED:
                 run.woken = True
             else:
-                run.error = short(f"SystemExit: {e}")
+                run.error = shorten(f"SystemExit: {e}", 240, words=False)
                 seam.wake_ranks(e)
         except BaseException as e:  # noqa: BLE001 - a rank's failure is the evidence
-            run.error = short(f"{type(e).__name__}: {e}")
+            run.error = shorten(f"{type(e).__name__}: {e}", 240, words=False)
             if run.recorder is not None and run.recorder.stack:
                 run.crash_site = run.recorder.stack[-1]
             seam.wake_ranks(e)

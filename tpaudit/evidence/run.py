@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .._process import without_torchrun
 from ..compat import PlanRejectedError, backend
 from ..compat import parity as seam
 from ..errors import UsageError
 from ..model import ParityResult
+from ..units import shorten
 from .isolate import first_verdicts
 from .ranks import record_reference, run_ranks
-from .small_model import EP_KERNELS, KERNELS, SmallModel, build_small_model, one_thread, resolve_class, short
+from .small_model import EP_KERNELS, KERNELS, SmallModel, build_small_model, one_thread, resolve_class
 from .trace import trace
 
 ISOLATION_BUDGET = 3.0
@@ -107,8 +108,7 @@ def run_in_subprocess(config, model_class, tp_plan, tp_size: int, ep_size: int, 
                 "head_limited": dict(head_limited or {}),
                 "out": str(Path(tmp) / "result.json")}
         Path(tmp, "spec.json").write_text(json.dumps(spec, default=str))
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                                 "MASTER_PORT")}
+        env = without_torchrun()
         env["CUDA_VISIBLE_DEVICES"] = ""
         try:
             proc = subprocess.run([sys.executable, "-m", "tpaudit.evidence.worker", str(Path(tmp, "spec.json"))],
@@ -139,8 +139,9 @@ def _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, sta
         except UsageError:
             raise
         except Exception as e:  # noqa: BLE001 - our limit, not the plan's: say so and do not judge
-            return ParityResult(ran=False, reason=f"the small model could not be built here: "
-                                f"{short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start, **base)
+            why = shorten(f"{type(e).__name__}: {e}", 240, words=False)
+            return ParityResult(ran=False, reason=f"the small model could not be built here: {why}",
+                                seconds=time.perf_counter() - start, **base)
     own = given is None
     if not small.plan and not (ep_size > 1 and small.ep_plan):
         if own:
@@ -154,8 +155,9 @@ def _run_here(config, model_class, tp_plan, tp_size, ep_size, seed, timeout, sta
             found = small.found if small.traced else trace(small)[0]
             ref = record_reference(small)
         except Exception as e:  # noqa: BLE001 - the unsharded small model itself does not run: nothing to compare
+            why = shorten(f"{type(e).__name__}: {e}", 240, words=False)
             return ParityResult(ran=False, reason=f"the small unsharded {small.model_class.__name__} does not run "
-                                f"here: {short(f'{type(e).__name__}: {e}')}", seconds=time.perf_counter() - start,
+                                f"here: {why}", seconds=time.perf_counter() - start,
                                 shrunk=small.shrunk, layers=small.layers, model_class=small.model_class.__name__,
                                 scope=small.scope, **base)
         runs, finished = run_ranks(small, tp_size, ep_size, timeout, cut_sites=small.cut_sites)

@@ -21,6 +21,7 @@ from ..compat import parity as seam
 from ..compat.logic import generic_name
 from ..errors import ParityUnavailableError, UsageError
 from ..metamodel import vocabulary as V
+from ..units import shorten
 from .shrink import MIN_VOCAB, key_of, shrink_config  # noqa: F401  (re-exported: the small model's shrink)
 
 # The kernels on both sides: float32 eager attention, and the eager expert loop for tensor parallelism (the
@@ -460,11 +461,8 @@ def small_model(config, model_class, tp_plan: dict | None, tp_size: int, *, seed
         except (UsageError, ParityUnavailableError):
             raise
         except Exception as e:  # noqa: BLE001 - reported as what it is: no small model, no evidence
+            why = shorten(f"{type(e).__name__}: {e}", 160, words=False)
             raise ParityUnavailableError(f"the parity check cannot build a small {cls.__name__} from this config: "
-                                         f"{short(f'{type(e).__name__}: {e}', 160)}") from None
+                                         f"{why}") from None
 
 
-def short(text: str, limit: int = 240) -> str:
-    """`text` on one line, at most `limit` characters."""
-    line = " ".join(str(text).strip().split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."

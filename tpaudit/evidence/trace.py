@@ -18,7 +18,8 @@ from ..compat.logic import generic_name, parameter_rule
 from ..compat.styles import is_split_output, shards_last_dim
 from ..errors import ParityUnavailableError
 from ..model import SplitOutput
-from .small_model import SmallModel, one_thread, short, small_model
+from ..units import shorten
+from .small_model import SmallModel, one_thread, small_model
 
 # Same tensor, other dtype or memory: the index is unchanged.
 KEEP_OPS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "contiguous", "clone", "detach",
@@ -436,9 +437,10 @@ def split_outputs(config, model_class, tp_plan: dict | None, tp_size: int, *, se
             small = small_model(config, model_class, tp_plan, tp_size, seed=seed, checkpoint_keys=checkpoint_keys)
         try:
             found, _ = trace(small)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - whatever the small model's forward raises: no evidence, and says so
+            why = shorten(f"{type(e).__name__}: {e}", 160, words=False)
             raise ParityUnavailableError(f"the parity check cannot run a small {small.model_class.__name__}: "
-                                         f"{short(f'{type(e).__name__}: {e}', 160)}") from None
+                                         f"{why}") from None
         finally:
             if own:
                 small.cleanup()

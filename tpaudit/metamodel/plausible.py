@@ -32,6 +32,7 @@ from . import vocabulary as V
 from ..compat import backend
 from ..compat.styles import EXAMPLE_PLAN_JSON
 from ..errors import ConfigError
+from ..units import shorten
 
 FIX_CONFIG = "Fix the config"  # as `build.FIX_CONFIG`
 MAX_LAYERS = 4096
@@ -82,7 +83,8 @@ def _is_int(value) -> bool:
 
 
 def _shown(value) -> str:
-    return repr(value)[:40] if isinstance(value, str) else str(value)[:40]
+    """A config value in a message: a string quoted, at most 40 characters."""
+    return shorten(repr(value) if isinstance(value, str) else value, 40, words=False)
 
 
 def check_plausible(config, owner, owner_path: str, where: str, path: str | None) -> None:
@@ -106,80 +108,120 @@ def check_plausible(config, owner, owner_path: str, where: str, path: str | None
         _check_one(cfg, prefix, where, path)
 
 
+class _Judged:
+    """One config under judgement: its values (through the seam, as transformers' config attributes read) and the
+    refusal that names an attribute dotted from the top-level config."""
+
+    def __init__(self, cfg, prefix: str, where: str, path: str | None):
+        self.cfg, self.prefix, self.where, self.path = cfg, prefix, where, path
+        self._tf = backend()
+
+    def value(self, attr: str):
+        return self._tf.config_value(self.cfg, attr)
+
+    def name(self, attr: str) -> str:
+        return f"{self.prefix}.{attr}" if self.prefix else attr
+
+    def refuse(self, attr: str, value, why: str):
+        """Raises: ConfigError: `<where>: <dotted attr> = <value> <why>`."""
+        raise ConfigError(f"{self.where}: {self.name(attr)} = {_shown(value)} {why}", fix=FIX_CONFIG, path=self.path)
+
+
 def _check_one(cfg, prefix: str, where: str, path: str | None) -> None:
-    tf = backend()
+    """Every rule of the module docstring on one config, in this order (the first broken one raises)."""
+    c = _Judged(cfg, prefix, where, path)
+    _check_sizes(c)
+    _check_relations(c)
+    _check_sliding_window(c)
+    _check_epsilons(c)
+    _check_dtype(c)
+    _check_plans(c)
 
-    def name(attr: str) -> str:
-        return f"{prefix}.{attr}" if prefix else attr
 
-    def refuse(attr: str, value, why: str):
-        raise ConfigError(f"{where}: {name(attr)} = {_shown(value)} {why}", fix=FIX_CONFIG, path=path)
-
-    def value_of(attr: str):
-        return tf.config_value(cfg, attr)
-
+def _check_sizes(c: _Judged) -> None:
+    """Widths and counts: integers in range (per layer where a config lists one value per layer)."""
     # MLA configs spell the rotary part of a head `head_dim` (GLM-5-Next's config sets head_dim = qk_rope_head_dim
     # whatever config.json says), and a head with no rotary part is a model transformers builds: 0 is allowed there
-    mla = any(value_of(a) is not None for a in V.MLA_NOPE_HEAD_DIM.attrs)
+    mla = any(c.value(a) is not None for a in V.MLA_NOPE_HEAD_DIM.attrs)
     for table, high in ((WIDTHS, MAX_WIDTH), (COUNTS, MAX_COUNT)):
+        what = "size" if table is WIDTHS else "count"
         for attr, positive in table.items():
-            value = value_of(attr)
+            value = c.value(attr)
             if value is None:
                 continue
             positive = positive and not (mla and attr in V.HEAD_DIM.attrs)
             values = value if isinstance(value, (list, tuple)) and value and attr in PER_LAYER else [value]
-            limit = MAX_LAYERS if attr == "num_hidden_layers" else high
             for v in values:
-                if not _is_int(v):
-                    if positive or not isinstance(v, (int, float)) or isinstance(v, bool):
-                        refuse(attr, value, "is not an integer")
-                    continue  # an optional count written as a float is transformers' business
-                if positive and v <= 0:
-                    refuse(attr, v, "must be a positive integer")
-                if v < 0:
-                    refuse(attr, v, "must not be negative")
-                if attr == "num_hidden_layers" and v > limit:
-                    refuse(attr, v, f"is not a plausible depth (1 to {limit}): tpaudit builds every layer on the meta "
-                                    "device")
-                if v > limit:
-                    refuse(attr, v, f"is not a plausible {'size' if table is WIDTHS else 'count'} (at most "
-                                    f"{limit:,})")
-    heads, kv = value_of("num_attention_heads"), value_of("num_key_value_heads")
+                _check_size(c, attr, value, v, positive, what, MAX_LAYERS if attr == "num_hidden_layers" else high)
+
+
+def _check_size(c: _Judged, attr: str, value, v, positive: bool, what: str, limit: int) -> None:
+    """One value `v` of a width or count `attr` (`value`: the whole attribute, shown when `v` is no integer)."""
+    if not _is_int(v):
+        if positive or not isinstance(v, (int, float)) or isinstance(v, bool):
+            c.refuse(attr, value, "is not an integer")
+        return  # an optional count written as a float is transformers' business
+    if positive and v <= 0:
+        c.refuse(attr, v, "must be a positive integer")
+    if v < 0:
+        c.refuse(attr, v, "must not be negative")
+    if attr == "num_hidden_layers" and v > limit:
+        c.refuse(attr, v, f"is not a plausible depth (1 to {limit}): tpaudit builds every layer on the meta device")
+    if v > limit:
+        c.refuse(attr, v, f"is not a plausible {what} (at most {limit:,})")
+
+
+def _check_relations(c: _Judged) -> None:
+    """KV heads at most the attention heads, experts per token at most the experts, groups per token at most the
+    groups."""
+    heads, kv = c.value("num_attention_heads"), c.value("num_key_value_heads")
     if _is_int(heads) and _is_int(kv) and kv > heads:
-        refuse("num_key_value_heads", kv, f"exceeds {name('num_attention_heads')} = {heads}: each KV head serves a "
-                                          "group of attention heads")
-    top_attr = next((a for a in TOP_K if _is_int(value_of(a))), None)
-    top_k = value_of(top_attr) if top_attr else None
+        c.refuse("num_key_value_heads", kv, f"exceeds {c.name('num_attention_heads')} = {heads}: each KV head serves "
+                                            "a group of attention heads")
+    top_attr = next((a for a in TOP_K if _is_int(c.value(a))), None)
+    top_k = c.value(top_attr) if top_attr else None
     if _is_int(top_k) and top_k > 0:
         for attr in EXPERT_COUNTS:
-            experts = value_of(attr)
+            experts = c.value(attr)
             if _is_int(experts) and top_k > experts:
-                refuse(top_attr, top_k, f"exceeds {name(attr)} = {experts}: a token cannot be routed to more "
-                                        "experts than there are")
-    groups, top_groups = value_of("n_group"), value_of("topk_group")
+                c.refuse(top_attr, top_k, f"exceeds {c.name(attr)} = {experts}: a token cannot be routed to more "
+                                          "experts than there are")
+    groups, top_groups = c.value("n_group"), c.value("topk_group")
     if _is_int(groups) and _is_int(top_groups) and top_groups > groups > 0:
-        refuse("topk_group", top_groups, f"exceeds {name('n_group')} = {groups}: a token cannot pick more expert "
-                                         "groups than there are")
-    window = value_of("sliding_window")
+        c.refuse("topk_group", top_groups, f"exceeds {c.name('n_group')} = {groups}: a token cannot pick more expert "
+                                           "groups than there are")
+
+
+def _check_sliding_window(c: _Judged) -> None:
+    window = c.value("sliding_window")
     if window is not None and (not _is_int(window) or window < 0):
-        refuse("sliding_window", window, "is not a window: give a positive number of tokens, 0 or null (none)")
-    for attr in _epsilon_names(cfg):
-        eps = value_of(attr)
+        c.refuse("sliding_window", window, "is not a window: give a positive number of tokens, 0 or null (none)")
+
+
+def _check_epsilons(c: _Judged) -> None:
+    for attr in _epsilon_names(c.cfg):
+        eps = c.value(attr)
         if eps is None:
             continue
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or not 0 <= eps <= 1:
-            refuse(attr, eps, "is not a usable epsilon: a finite number from 0 to 1, such as 1e-05")
-    dtype = value_of("dtype")
+            c.refuse(attr, eps, "is not a usable epsilon: a finite number from 0 to 1, such as 1e-05")
+
+
+def _check_dtype(c: _Judged) -> None:
+    dtype = c.value("dtype")
     if dtype is not None and not _is_float_dtype(dtype):
-        refuse("dtype", dtype, 'is not a floating torch dtype: write a name such as "bfloat16", or leave it out')
+        c.refuse("dtype", dtype, 'is not a floating torch dtype: write a name such as "bfloat16", or leave it out')
+
+
+def _check_plans(c: _Judged) -> None:
     for attr in PLANS:
-        plan = value_of(attr)
+        plan = c.value(attr)
         if plan is not None and (not isinstance(plan, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in plan.items())):
             what = "a map with a key or style that is not a string" if isinstance(plan, dict) else \
                 f"a {type(plan).__name__}"
-            raise ConfigError(f"{where}: {name(attr)} is {what} ({_shown(plan)}), not a map of rule -> style "
-                              f"such as {EXAMPLE_PLAN_JSON}", fix=FIX_CONFIG, path=path)
+            raise ConfigError(f"{c.where}: {c.name(attr)} is {what} ({_shown(plan)}), not a map of rule -> style "
+                              f"such as {EXAMPLE_PLAN_JSON}", fix=FIX_CONFIG, path=c.path)
 
 
 def _epsilon_names(cfg) -> list[str]:

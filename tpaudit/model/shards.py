@@ -80,12 +80,6 @@ class ParamShard:
             return 0
         return math.prod(self.local_shapes[rank]) * self.itemsize
 
-    def rank_elements(self, rank: int) -> int:
-        """Elements rank `rank` holds (0 for a tied copy)."""
-        if self.tied_to is not None:
-            return 0
-        return math.prod(self.local_shapes[rank])
-
     @property
     def ndim(self) -> int:
         return len(self.global_shape)

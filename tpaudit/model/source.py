@@ -192,11 +192,3 @@ class ModelSource:
         if self.tensors is None:
             return None
         return total_bytes(self.tensors)
-
-    @property
-    def display_name(self) -> str:
-        """`repo_id@commit[:12]` for Hub models, else the reference as given."""
-        if self.repo_id:
-            rev = self.commit[:12] if self.commit else self.revision
-            return f"{self.repo_id}@{rev}" if rev else self.repo_id
-        return self.ref

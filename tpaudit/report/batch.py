@@ -8,6 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from . import renderer
+from ._html import sortable_script
 from ._inert import html as esc, markdown_code as code, markdown_text, strings_in, terminal as inert
 from ..units import format_bytes, plural, unit_legend
 
@@ -166,22 +167,7 @@ tr.error td{background:#fde8e8}
 tr.findings td{background:#fff4e0}
 """
 
-_SCRIPT = """
-document.querySelectorAll('table.sortable th').forEach(function(th, col){
-  th.addEventListener('click', function(){
-    var tbody = th.closest('table').tBodies[0];
-    var rows = Array.from(tbody.rows);
-    var asc = th.dataset.asc !== '1'; th.dataset.asc = asc ? '1' : '0';
-    rows.sort(function(a, b){
-      var x = a.cells[col].dataset.v || a.cells[col].textContent, y = b.cells[col].dataset.v || b.cells[col].textContent;
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return asc ? c : -c;
-    });
-    rows.forEach(function(r){ tbody.appendChild(r); });
-  });
-});
-"""
+_SCRIPT = sortable_script("table.sortable th")
 
 
 def _num(value: int | float | None, text: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import renderer
+from ._html import sortable_script
 from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
 from ..units import format_bytes, plural, shorten, unit_legend
 
@@ -118,22 +119,7 @@ td.type{max-width:220px;overflow-wrap:anywhere}
 .legend span{display:inline-block;width:40px;height:12px;margin-right:4px}
 """
 
-_SCRIPT = """
-document.querySelectorAll('th').forEach(function(th, col){
-  th.addEventListener('click', function(){
-    var tbody = th.closest('table').tBodies[0];
-    var rows = Array.from(tbody.rows);
-    var asc = th.dataset.asc !== '1'; th.dataset.asc = asc ? '1' : '0';
-    rows.sort(function(a, b){
-      var x = a.cells[col].dataset.v || a.cells[col].textContent, y = b.cells[col].dataset.v || b.cells[col].textContent;
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return asc ? c : -c;
-    });
-    rows.forEach(function(r){ tbody.appendChild(r); });
-  });
-});
-"""
+_SCRIPT = sortable_script("th")
 
 
 @renderer("scan", "html")

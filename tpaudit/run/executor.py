@@ -134,7 +134,7 @@ def _call(fn, task):
     future raises, is told apart from a task that raised)."""
     try:
         return fn(*task)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a bug in the task travels back as a value, told apart from a dead worker
         if os.environ.get("TPAUDIT_DEBUG"):
             import traceback
 

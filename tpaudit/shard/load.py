@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
@@ -208,40 +209,75 @@ def _shape_values(tensor, by_name: dict, rep: ParamShard, facts) -> tuple[int, .
     return packed.shape[0], in_dim
 
 
+@dataclass
+class _Sources:
+    """The checkpoint tensors one family of parameters loads from, as every rank's read sees them.
+
+    Attributes:
+        ordered (`dict[str, list[CheckpointTensor]]`): source pattern -> its tensors, in the loader's natural order.
+        by_name (`dict[str, CheckpointTensor]`): every one of them by name.
+        specs (`dict[str, list[SourceSpec]]`): pattern -> what the seam's reader takes of each tensor (shape, dtype,
+            position, the values of compressed-tensors `X_shape` metadata).
+        uniform (`set[str]`): the patterns read alike (`_alike_patterns`).
+        dtypes (`dict[str, torch.dtype]`): stored dtype name -> torch dtype.
+        data (`bool`): some piece carries values an operation reads (then pieces are zeros, not meta tensors).
+        first_pattern (`str`): the pattern that names the converter.
+    """
+
+    ordered: dict
+    by_name: dict
+    specs: dict
+    uniform: set
+    dtypes: dict
+    data: bool
+    first_pattern: str
+
+    @classmethod
+    def of(cls, tf, built, rep: ParamShard, mapping) -> "_Sources":
+        from ..compat.loading import natural_key
+
+        ordered = {pattern: sorted(ts, key=lambda t: natural_key(t.name))
+                   for pattern, ts in mapping.sources[rep.name].items()}
+        by_name = {t.name: t for ts in ordered.values() for t in ts}
+        facts = built.modules.get(rep.name.rpartition(".")[0])  # the experts module, for its layout flags
+        specs = {pattern: [SourceSpec(t.shape, t.dtype, i, _shape_values(t, by_name, rep, facts))
+                           for i, t in enumerate(ts)] for pattern, ts in ordered.items()}
+        return cls(ordered=ordered, by_name=by_name, specs=specs, uniform=_alike_patterns(specs),
+                   dtypes={t.dtype: tf.torch_dtype(t.dtype) for t in by_name.values()},
+                   data=any(s.values is not None for ss in specs.values() for s in ss),
+                   first_pattern=next(iter(ordered)))
+
+
+@dataclass
+class _RankRead:
+    """What shard-on-read gives one rank: pieces read per pattern (`counts`), the first `KEEP` of each (`pieces`),
+    their elements (`size`), the checkpoint bytes read (`stored`) and the first read that raised (`error`: the
+    `LoadStepError` and the generic name of its tensor)."""
+
+    counts: dict = field(default_factory=dict)
+    pieces: dict = field(default_factory=dict)
+    size: int = 0
+    stored: int = 0
+    error: tuple | None = None
+
+
 def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: ShardMap) \
         -> tuple[LoadFamily, list[LoadIssue]]:
+    """One family of parameters alike (same shapes, placements and sources): on every rank, read its sources sharded
+    (`_read_rank`), then run the converter's operations on the pieces (`_convert_rank`); the issues found and the
+    bytes read, per rank (those of one member times the members)."""
     rep = members[0]
     world = shard_map.world_size
     mesh = _mesh_size(rep, shard_map)
     renamer = mapping.renamer
-    sources = mapping.sources[rep.name]
-    from ..compat.loading import natural_key
-
-    ordered = {pattern: sorted(ts, key=lambda t: natural_key(t.name)) for pattern, ts in sources.items()}
-    by_name = {t.name: t for ts in ordered.values() for t in ts}
-    facts = built.modules.get(rep.name.rpartition(".")[0])  # the experts module, for its layout flags
-    specs = {pattern: [SourceSpec(t.shape, t.dtype, i, _shape_values(t, by_name, rep, facts))
-                       for i, t in enumerate(ts)] for pattern, ts in ordered.items()}
-    metadata = {pattern for pattern, ss in specs.items() if any(s.values is not None for s in ss)}
-    data = bool(metadata)
-    first_pattern = next(iter(ordered))
-    dtypes = {t.dtype: tf.torch_dtype(t.dtype) for t in by_name.values()}
-    operations = tf.converter_operations(renamer, first_pattern)
-    # decompressed: the quantizer's dequantize operation runs on tensors stored in a quantized dtype (integer words,
-    # float8/float4); a float tensor passing through the same generic converter (an embedding) is only cast
-    decompressed = first_pattern in renamer.dequantizing and any(
-        t.dtype.startswith(("I", "U", "F8", "F4")) for t in by_name.values())
-    checkpoint_names = tuple(generic_name(ts[0].name) for ts in ordered.values())
-
-    if first_pattern in renamer.quantizer_ops and built.quantization is not None and built.quantization.gpu_view:
-        run_ops, why_not = False, (f"the quantizer's own load operations ({', '.join(operations)}) need the target "
-                                   "GPU's kernels; shard-on-read was simulated, the operations were not")
-    else:
-        run_ops, why_not = True, None
+    src = _Sources.of(tf, built, rep, mapping)
+    operations = tf.converter_operations(renamer, src.first_pattern)
+    why_not = None
+    if src.first_pattern in renamer.quantizer_ops and built.quantization is not None and built.quantization.gpu_view:
+        why_not = (f"the quantizer's own load operations ({', '.join(operations)}) need the target GPU's kernels; "
+                   "shard-on-read was simulated, the operations were not")
     stored = [0] * world
-    # patterns whose pieces all have one stored shape and dtype and carry no values: read alike (`_read_alike`)
-    uniform = _alike_patterns(specs)
-    results: dict[int, tuple] = {}  # rank -> (kind, detail) of what happened
+    results: dict[int, tuple] = {}  # rank -> (kind, detail, extra) of what happened (`_issues`)
     converted: dict[tuple, tuple] = {}  # the operations' result per distinct input (ranks often get alike pieces)
     lost_by_pattern: dict[str, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
     rebuilt: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (rank, rebuilt in_features, true)
@@ -250,84 +286,99 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
         try:
             reader = tf.load_reader(rep.global_shape, rep.placements, mesh, r % mesh) if rep.placements else None
         except LoadStepError as e:
-            results[r] = ("raises", e, None, None)
+            results[r] = ("raises", e, None)
             continue
-        counts: dict[str, int] = {}
-        pieces: dict[str, list] = {}
-        error: tuple | None = None
-        size = 0
-        for pattern, ss in specs.items():
-            if pattern in uniform:  # every piece alike: one read per kind of piece, counted (Kimi-K2.5: 384 experts)
-                n, kept, bytes_read, failed = _read_alike(reader, ss, dtypes[ss[0].dtype])
-                stored[r] += bytes_read
-                if failed is not None and error is None:
-                    error = (failed[0], generic_name(ordered[pattern][failed[1]].name))
-                size += sum(math.prod(shape) for _, shape in kept)
-                counts[pattern] = n
-                pieces[pattern] = [spec for spec, _ in kept]
-                continue
-            kept = []
-            n = 0
-            for spec in ss:
-                try:
-                    shape = reader.local_shape(spec, dtypes[spec.dtype]) if reader is not None else spec.shape
-                except LoadStepError as e:
-                    if error is None:
-                        error = (e, generic_name(ordered[pattern][spec.tensor_idx].name))
-                    continue
-                if shape is None:
-                    continue
-                n += 1
-                stored[r] += math.prod(shape) * SAFETENSORS_DTYPE_BITS.get(spec.dtype, 8) // 8
-                if spec.values is not None and math.prod(shape) < math.prod(spec.shape):
-                    if not lost_by_pattern[pattern] or lost_by_pattern[pattern][-1][0] != r:
-                        lost_by_pattern[pattern].append((r, shape))
-                        if math.prod(shape) == 0:
-                            rebuilt[pattern].append(_rebuilt(tf, renamer, pattern, spec, ordered, by_name, reader,
-                                                             dtypes, r))
-                if len(kept) < KEEP:
-                    kept.append(spec)
-                    size += math.prod(shape)
-            counts[pattern] = n
-            pieces[pattern] = kept
-        if error is not None:
-            results[r] = ("raises", error[0], error[1], None)
-            continue
-        if not run_ops:
+        read = _read_rank(tf, renamer, src, reader, r, lost_by_pattern, rebuilt)
+        stored[r] += read.stored
+        if read.error is not None:
+            results[r] = ("raises", read.error[0], read.error[1])
+        elif why_not is not None:
             simulated, reason = False, why_not
-            continue
-        if data and size > MAX_DATA_ELEMENTS:
-            simulated, reason = False, (f"the operations read values, and one rank's pieces hold {size:,} elements: "
-                                        "not run here")
-            continue
-        try:
-            collected = {pattern: [t for t in (reader.materialize(s, dtypes[s.dtype], data) if reader is not None
-                                               else _whole(s, dtypes[s.dtype], data) for s in kept) if t is not None]
-                         for pattern, kept in pieces.items()}
-            key = (tuple((p, tuple(_signature(t) for t in ts)) for p, ts in collected.items()),
-                   tuple(counts.items()))
-            if key not in converted:
-                try:
-                    converted[key] = ("ran", tf.load_convert(renamer, first_pattern, rep.name, collected, built.model))
-                except LoadStepError as e:
-                    converted[key] = ("raises", e)
-            kind, value = converted[key]
-            if kind == "raises":
-                raise value
-        except LoadStepError as e:
-            results[r] = ("raises", e, None, None)
-            continue
-        results[r] = ("ran", value, counts, None)
+        elif src.data and read.size > MAX_DATA_ELEMENTS:
+            simulated, reason = False, (f"the operations read values, and one rank's pieces hold {read.size:,} "
+                                        "elements: not run here")
+        else:
+            results[r] = _convert_rank(tf, renamer, src, rep.name, built.model, reader, read, converted)
 
-    issues = _issues(rep, results, lost_by_pattern, rebuilt, ordered, shard_map, " -> ".join(operations))
-    rank_resident = tuple(sum(p.rank_bytes(r) for p in members) for r in range(world))
+    issues = _issues(rep, results, lost_by_pattern, rebuilt, src.ordered, shard_map, " -> ".join(operations))
+    # decompressed: the quantizer's dequantize operation runs on tensors stored in a quantized dtype (integer words,
+    # float8/float4); a float tensor passing through the same generic converter (an embedding) is only cast
+    decompressed = src.first_pattern in renamer.dequantizing and any(
+        t.dtype.startswith(("I", "U", "F8", "F4")) for t in src.by_name.values())
     family = LoadFamily(
-        name=rep.generic_name, count=len(members), tensor_count=len(by_name) * len(members),
-        checkpoint_names=checkpoint_names, operations=operations,
-        decompressed=decompressed, stored_dtypes=tuple(sorted({t.dtype for t in by_name.values()})), dtype=rep.dtype,
-        rank_stored_bytes=tuple(s * len(members) for s in stored), rank_resident_bytes=rank_resident,
+        name=rep.generic_name, count=len(members), tensor_count=len(src.by_name) * len(members),
+        checkpoint_names=tuple(generic_name(ts[0].name) for ts in src.ordered.values()), operations=operations,
+        decompressed=decompressed, stored_dtypes=tuple(sorted({t.dtype for t in src.by_name.values()})),
+        dtype=rep.dtype, rank_stored_bytes=tuple(s * len(members) for s in stored),
+        rank_resident_bytes=tuple(sum(p.rank_bytes(r) for p in members) for r in range(world)),
         simulated=simulated, reason=reason)
     return family, issues
+
+
+def _read_rank(tf, renamer, src: _Sources, reader, rank: int, lost_by_pattern: dict, rebuilt: dict) -> _RankRead:
+    """Shard-on-read of every source piece for `rank` (`reader`: the seam's reader for its placements, `None` for a
+    parameter without placements: every piece whole). Metadata a rank gets only part of is added to
+    `lost_by_pattern` (once per rank and pattern), with the input size the converter rebuilds from its packed
+    sibling where the piece is empty (`rebuilt`)."""
+    out = _RankRead()
+    for pattern, ss in src.specs.items():
+        if pattern in src.uniform:  # every piece alike: one read per kind of piece, counted (Kimi-K2.5: 384 experts)
+            n, kept, bytes_read, failed = _read_alike(reader, ss, src.dtypes[ss[0].dtype])
+            out.stored += bytes_read
+            if failed is not None and out.error is None:
+                out.error = (failed[0], generic_name(src.ordered[pattern][failed[1]].name))
+            out.size += sum(math.prod(shape) for _, shape in kept)
+            out.counts[pattern] = n
+            out.pieces[pattern] = [spec for spec, _ in kept]
+            continue
+        kept = []
+        n = 0
+        for spec in ss:
+            try:
+                shape = reader.local_shape(spec, src.dtypes[spec.dtype]) if reader is not None else spec.shape
+            except LoadStepError as e:
+                if out.error is None:
+                    out.error = (e, generic_name(src.ordered[pattern][spec.tensor_idx].name))
+                continue
+            if shape is None:
+                continue
+            n += 1
+            out.stored += math.prod(shape) * SAFETENSORS_DTYPE_BITS.get(spec.dtype, 8) // 8
+            if spec.values is not None and math.prod(shape) < math.prod(spec.shape):
+                if not lost_by_pattern[pattern] or lost_by_pattern[pattern][-1][0] != rank:
+                    lost_by_pattern[pattern].append((rank, shape))
+                    if math.prod(shape) == 0:
+                        rebuilt[pattern].append(_rebuilt(tf, renamer, pattern, spec, src.ordered, src.by_name, reader,
+                                                         src.dtypes, rank))
+            if len(kept) < KEEP:
+                kept.append(spec)
+                out.size += math.prod(shape)
+        out.counts[pattern] = n
+        out.pieces[pattern] = kept
+    return out
+
+
+def _convert_rank(tf, renamer, src: _Sources, param_name: str, model, reader, read: _RankRead,
+                  converted: dict) -> tuple:
+    """The converter's operations on one rank's pieces, with transformers' own code: `("ran", {output key: shape},
+    counts)` or `("raises", LoadStepError, None)`. `converted` memoizes the result per distinct input."""
+    try:
+        collected = {pattern: [t for t in (reader.materialize(s, src.dtypes[s.dtype], src.data) if reader is not None
+                                           else _whole(s, src.dtypes[s.dtype], src.data) for s in kept)
+                               if t is not None]
+                     for pattern, kept in read.pieces.items()}
+        key = (tuple((p, tuple(_signature(t) for t in ts)) for p, ts in collected.items()), tuple(read.counts.items()))
+        if key not in converted:
+            try:
+                converted[key] = ("ran", tf.load_convert(renamer, src.first_pattern, param_name, collected, model))
+            except LoadStepError as e:
+                converted[key] = ("raises", e)
+        kind, value = converted[key]
+        if kind == "raises":
+            raise value
+    except LoadStepError as e:
+        return ("raises", e, None)
+    return ("ran", value, read.counts)
 
 
 def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, ordered: dict, by_name: dict, reader, dtypes, rank: int):
@@ -381,10 +432,13 @@ def _expected(rep: ParamShard, key: str, shard_map: ShardMap, out_keys) -> Param
 
 def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict, ordered: dict,
             shard_map: ShardMap, operations: str) -> list[LoadIssue]:
+    """One family's `LoadIssue`s, ranks grouped by what went wrong: a step that raises, a converted shard whose shape
+    is not the parameter's local shape (`operations`: the converter's, for the message), metadata a rank read only
+    part of."""
     grouped: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     details: dict[tuple, dict] = {}
     key: tuple[Any, ...]
-    for r, (kind, detail, extra, _) in sorted(results.items()):
+    for r, (kind, detail, extra) in sorted(results.items()):
         if kind == "raises":
             key = ("raises", detail.stage, detail.op, detail.error, extra)
             details.setdefault(key, {"error": detail.error, "source": extra, "stage": detail.stage, "op": detail.op})

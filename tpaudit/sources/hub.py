@@ -610,7 +610,7 @@ def _load(repo_id, revision, token, progress, endpoint, offline, budget: _Budget
                                              budget)
         except TpauditError:
             raise
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - translated into one-line errors, re-raised otherwise (as above)
             _raise_hub_error(e, repo_id, revision, endpoint, "safetensors index")
         if tensors is None:
             notes.append("config only: the repo has no model.safetensors or model.safetensors.index.json (.bin/.pth "

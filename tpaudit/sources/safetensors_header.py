@@ -39,6 +39,7 @@ import re
 from typing import Any
 
 from ..errors import CheckpointError
+from ..units import shorten
 
 # Bits per element of each dtype safetensors 0.8 defines (its Rust `Dtype::bitsize`).
 SAFETENSORS_DTYPE_BITS: dict[str, int] = {
@@ -492,5 +493,4 @@ def _short(value: Any) -> str:
         return text if len(value) <= 9 and len(text) <= 60 else text[:50].rstrip("]") + ", ...]"
     if isinstance(value, dict):
         return "a JSON object"
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shorten(json.dumps(value), 60, words=False)

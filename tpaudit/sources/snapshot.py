@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import SnapshotError
 from ..model import SAFETENSORS_DTYPE_BYTES, CheckpointTensor, ModelSource, checkpoint_tensors
+from ..units import shorten
 from .files import (JSON_MAX_DEPTH, SNAPSHOT_MAX_BYTES, gunzip_capped, json_depth_exceeds, load_json,
                     read_capped)
 from .safetensors_header import MAX_DIM, MAX_ELEMENTS, MAX_RANK
@@ -209,9 +210,7 @@ def _tensor_rows_one_by_one(rows: list, files: list[str], path: Path) -> tuple[C
 
 
 def _bad_row(path: Path, i: int, entry: Any, why: str) -> SnapshotError:
-    text = json.dumps(entry, default=str)
-    if len(text) > 120:
-        text = text[:117] + "..."
+    text = shorten(json.dumps(entry, default=str), 120, words=False)
     return SnapshotError(f"{path}: tensors[{i}] = {text} {why}. Record the snapshot again with 'tpaudit snapshot'",
                          path=str(path))
 

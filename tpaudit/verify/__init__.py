@@ -29,15 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._process import TORCHRUN_ENV, without_torchrun
 from ..errors import LaunchError, LoadFailedError, UsageError
+from ..units import shorten
 
 VERIFY_SCHEMA = "tpaudit/verify/v1"
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def under_torchrun() -> bool:
     """True when this process is a torchrun worker (its environment names a rank and a world size)."""
-    return all(k in os.environ for k in TORCHRUN_ENV)
+    return all(k in os.environ for k in TORCHRUN_ENV[:3])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -71,11 +72,6 @@ def measure(model, device_type: str) -> dict[str, Any]:
                 allocated += storage.nbytes()
         peak = None
     return {"params": params, "param_bytes": total, "allocated_bytes": allocated, "max_allocated_bytes": peak}
-
-
-def _short(message: str, limit: int = 300) -> str:
-    line = " ".join(message.strip().split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def load_and_measure(spec: dict) -> dict:
@@ -112,7 +108,7 @@ def load_and_measure(spec: dict) -> dict:
         record.update(measure(model, device_type))
         record["ok"] = True
     except BaseException as e:  # noqa: BLE001 - the record carries the loader's own error, shortened
-        record["error"] = _short(f"{type(e).__name__}: {e}")
+        record["error"] = shorten(f"{type(e).__name__}: {e}", 300, words=False)
     record["seconds"] = round(time.perf_counter() - start, 2)
     out_dir = spec.get("out_dir")
     if out_dir:
@@ -262,7 +258,7 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
             "trust_remote_code": trust_remote_code, "out_dir": str(out_dir)}
     spec_file = workdir / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
+    env = without_torchrun()
     env.setdefault("OMP_NUM_THREADS", "1")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # transformers picks gloo for the CPU
@@ -310,11 +306,11 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
         if hung:
             raise LoadFailedError(f"rank {missing[0]} did not finish loading within {timeout:g} s (hung); the "
                                   "workers were stopped", rank=missing[0])
-        tail = (stderr or stdout or "").strip().splitlines()[-1:] or ["no output"]
+        tail = shorten(((stderr or stdout or "").strip().splitlines()[-1:] or ["no output"])[0], 300, words=False)
         if proc.returncode and not records:
-            raise LaunchError(f"torchrun exited with {proc.returncode} before any rank reported: {_short(tail[0])}")
-        raise LoadFailedError(f"rank {missing[0]} exited without a result (torchrun exit {proc.returncode}): "
-                              f"{_short(tail[0])}", rank=missing[0])
+            raise LaunchError(f"torchrun exited with {proc.returncode} before any rank reported: {tail}")
+        raise LoadFailedError(f"rank {missing[0]} exited without a result (torchrun exit {proc.returncode}): {tail}",
+                              rank=missing[0])
     return records
 
 

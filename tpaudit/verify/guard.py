@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
+from .._process import without_torchrun
 from ..errors import ReplicatedWeightsError, TpauditError
 from ..model import Finding
 
-_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                 "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_VISIBLE_DEVICES")
 _lock = threading.Lock()
 _depth = 0
 _token = None
@@ -86,7 +83,7 @@ def analyse_in_subprocess(payload: dict, tp_size: int, ep_size: int, timeout: fl
     Raises:
         TpauditError: the worker failed (its one-line error is kept).
     """
-    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV}
+    env = without_torchrun(None, "CUDA_VISIBLE_DEVICES")  # the analysis runs on the meta device, never a GPU
     request = json.dumps({"payload": payload, "tp_size": tp_size, "ep_size": ep_size})
     try:
         proc = subprocess.run([sys.executable, "-m", "tpaudit.verify.guard_worker"], input=request, capture_output=True,

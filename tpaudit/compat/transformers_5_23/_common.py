@@ -6,11 +6,6 @@ import contextlib
 from collections.abc import Iterator
 
 
-def _first_line(text: str, limit: int = 240) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 @contextlib.contextmanager
 def _quiet_quantizer_packages() -> Iterator[None]:
     """Silence a quantization package's own output while its module replacement runs on the meta device:

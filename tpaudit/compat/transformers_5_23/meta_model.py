@@ -10,9 +10,10 @@ from typing import Any
 
 from .._types import (Config, ConfigReadError, Model, ModelClass, ModuleFacts, QuantizationInfo, Quantizer,
                       TorchDtype)
+from ...units import shorten
 from ..quant_patterns import check_patterns, probe_matching
 from ..quant_refusals import format_refusal, full_reason, refusal
-from ._common import _first_line, _quiet_quantizer_packages
+from ._common import _quiet_quantizer_packages
 
 
 class MetaModelSeam:
@@ -40,12 +41,12 @@ class MetaModelSeam:
         except ValueError as e:
             text = str(e)
             if "trust_remote_code" in text or (has_auto_map and not trust_remote_code):
-                raise ConfigReadError("remote_code", _first_line(text)) from None
+                raise ConfigReadError("remote_code", shorten(text, 240, words=False)) from None
             if "Unrecognized" in text or "model_type" in text or "does not recognize" in text:
-                raise ConfigReadError("unknown_model_type", _first_line(text)) from None
-            raise ConfigReadError("invalid", _first_line(text, 300)) from None
+                raise ConfigReadError("unknown_model_type", shorten(text, 240, words=False)) from None
+            raise ConfigReadError("invalid", shorten(text, 300, words=False)) from None
         except Exception as e:  # noqa: BLE001 - transformers' validators (and remote code) raise many kinds
-            raise ConfigReadError("invalid", f"{type(e).__name__}: {_first_line(str(e), 300)}") from None
+            raise ConfigReadError("invalid", f"{type(e).__name__}: {shorten(str(e), 300, words=False)}") from None
 
     def config_from_class(self, model_type: str) -> Config:
         """The default config of `model_type` (`CONFIG_MAPPING[model_type]()`)."""
@@ -253,7 +254,7 @@ class MetaModelSeam:
                     quantizer.validate_environment(device_map=None, weights_only=True)
             except Exception as e:  # noqa: BLE001 - a quantizer that refuses this host cannot run here
                 return None, QuantizationInfo(method, reason=f"on this host: {type(e).__name__}: "
-                                                             f"{_first_line(str(e), 160)}")
+                                                             f"{shorten(str(e), 160, words=False)}")
         if type(quantizer).__name__ == "CompressedTensorsHfQuantizer" and not hasattr(quantizer, "use_fp8_kernel"):
             # Set by `validate_environment` (not called: it answers for this host); without an FP8 kernel the
             # compressed modules keep the checkpoint's own layout, which is what the checkpoint's tensors load into.
@@ -328,7 +329,7 @@ class MetaModelSeam:
                         quantizer.preprocess_model(model=model, dtype=dtype, device_map=None, checkpoint_files=None,
                                                    use_kernels=False)
                 except Exception as e:  # noqa: BLE001 - a quantizer that cannot run here: fall back, say so
-                    error = f"{type(e).__name__}: {_first_line(str(e), 160)}"
+                    error = f"{type(e).__name__}: {shorten(str(e), 160, words=False)}"
         return model, error
 
     def quantizer_dequantizes(self, quantizer: Quantizer | None) -> bool:

@@ -13,7 +13,8 @@ from .. import _torch, loading
 from .._types import (Config, DistConfig, EmptyPlanError, Model, Placement, PlanRejectedError, Quantizer, Renamer,
                       ResolvedPlans, ShardedParam, TorchDtype)
 from ..logic import generic_name
-from ._common import _first_line, _quiet_quantizer_packages
+from ...units import shorten
+from ._common import _quiet_quantizer_packages
 
 
 class PlanSeam:
@@ -252,7 +253,7 @@ class PlanSeam:
         try:
             return DistributedConfig(tp_size=tp_size, ep_size=ep_size, **(overrides or {}))
         except (ValueError, TypeError) as e:
-            raise PlanRejectedError(_first_line(str(e), 400)) from None
+            raise PlanRejectedError(shorten(str(e), 400, words=False)) from None
 
     def accepted_ep_sizes(self, tp_size: int, candidates: Iterable[int]) -> list[int]:
         """The expert-parallel sizes among `candidates` (each > 1) that transformers accepts next to `tp_size` on
@@ -318,7 +319,7 @@ class PlanSeam:
             if "was requested, but" in text:
                 kind = text.split("_size=", 1)[0].rsplit("`", 1)[-1] or "tp"
                 raise EmptyPlanError(kind, text.split(" Pass ")[0]) from None
-            raise PlanRejectedError(_first_line(text, 400)) from None
+            raise PlanRejectedError(shorten(text, 400, words=False)) from None
         finally:
             for k in keys:
                 if k in saved:
@@ -383,7 +384,7 @@ class PlanSeam:
                     with _torch.distribute_once(_distributing_modules()):
                         sharded = type(model).maybe_distribute_model(model, dc, TransformersDeviceMesh(dense, expert))
                 except ValueError as e:
-                    raise PlanRejectedError(_first_line(str(e), 400)) from None
+                    raise PlanRejectedError(shorten(str(e), 400, words=False)) from None
                 return self._read(sharded, world)
         finally:
             _restore(saved)
