@@ -22,32 +22,37 @@ def draw(renderer, result, width: int = 200, **options) -> str:
 
 
 def test_check_table_puts_findings_first_and_families_by_bytes():
+    """On the hand-built report of the golden tests (tests/test_golden.py): what decides something comes before the
+    parameter table, and the module families are ordered by their bytes on the worst rank."""
+    from test_golden import EXPERT_BYTES, LAYERS, NORM_BYTES, ROUTER_BYTES, full_report
+
     from tpaudit.report.terminal import render
 
-    report = audit(QWEN3_VL, tp=4, plan=PRE_FIX_PLAN)
-    text = draw(render, report)
+    text = draw(render, full_report(), width=160)
     lines = text.splitlines()
     first_error = next(i for i, line in enumerate(lines) if "TPA001" in line and "error" in line)
+    replicated_title = next(i for i, line in enumerate(lines) if line.startswith("Largest replicated families"))
     params_title = next(i for i, line in enumerate(lines) if line.startswith("Parameters by module family"))
-    assert first_error < params_title < 80                    # what decides something comes before the table
-    # the experts family is the largest on rank 0: 48 layers x (gate_up + down) of 128 experts, whole on every rank
-    tensors = snapshot_tensors("qwen3-vl-30b-a3b-instruct")
-    experts = sum(nbytes(d, s) for n, d, s in tensors if ".mlp.experts." in n)
-    router = sum(nbytes(d, s) for n, d, s in tensors if n.endswith("mlp.gate.weight"))
-    mlp_row = next(line for line in lines[params_title:] if "model.language_model.layers.*.mlp " in line + " ")
-    assert f"{(experts + router) / 2**30:.2f} GiB" in mlp_row
-    assert "Largest replicated families" in text and "and " in text and "more families" in text
-    assert "Rules that match nothing" in text
+    assert first_error < replicated_title < params_title
+    # the MoE block is the largest on rank 0: both layers' fused experts and routers, whole on every rank
+    mlp = LAYERS * (EXPERT_BYTES + ROUTER_BYTES)
+    families = [line for line in lines[params_title:] if line.startswith("│")]
+    assert "model.layers.*.mlp " in families[0] and f"{mlp / 2**20:.2f} MiB" in families[0]
+    assert "model.layers.* " in families[3] and f"{LAYERS * NORM_BYTES / 2**10:.2f} KiB" in families[3]
+    assert "Rules that match nothing: model.layers.*.mlp.shared_expert" in text
 
 
 def test_check_table_every_parameter_and_none():
+    from test_golden import HIDDEN, TP, clean_report, full_report
+
     from tpaudit.report.terminal import render
 
-    report = audit(str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz"), tp=2)
-    every = draw(render, report, params="all")
+    every = draw(render, full_report(), params="all")
     assert "Parameters by generic name" in every and "model.layers.*.self_attn.q_proj.weight" in every
-    assert "[2048, 4096]" in every                             # rank 0's shard of the 4096 x 4096 q_proj
-    none = draw(render, report, params="none")
+    table = every[every.index("Parameters by generic name"):]
+    q_proj = next(line for line in table.splitlines() if "self_attn.q_proj.weight" in line)
+    assert f"[{HIDDEN // TP}, {HIDDEN}]" in q_proj                  # rank 0's shard of the colwise q_proj
+    none = draw(render, clean_report(), params="none")
     assert "Parameters by" not in none and "No findings." in none
 
 
