@@ -40,6 +40,10 @@ fraction of a second (`--section headers`). And the throughput of `tpaudit batch
 And the test suite's fast loop, as a wall time and as a multiple of the yardstick import (`--section tests`; goal:
 well under two minutes on 2 cores).
 
+And plans of many rules (`--section plans`): `check` of Llama-3.1-8B at tp 2 with a `--plan` of 100,000 rules
+that match nothing, drawn as JSON and as the terminal table (goal: under 120 s each; they were timed in the test suite,
+which now counts the calls instead: tests/test_bad_input.py, tests/test_inert_output.py).
+
 And the parity check (`--section parity`, `scripts/benchmark_parity.py --section isolation` then `--section cache`):
 the isolation re-runs of the breaking plans of tests/test_parity.py against their first run (goal: at most 3x), and
 a second check of DeepSeek-V3 at tp 8 served from the parity cache (goal: under 0.5 s in the evidence stage).
@@ -49,7 +53,7 @@ of the scan together (psutil samples of the process tree; goal: `scan --parity` 
 
 Usage:
     python scripts/benchmark.py [--repeat 3] [--skip-scan] [--only NAME ...]
-                                [--section all|check|headers|batch|tests|parity|scan-parity]
+                                [--section all|check|headers|batch|tests|plans|parity|scan-parity]
                                 [--scan-jobs 2] [--model-type TYPE ...]
 """
 
@@ -183,12 +187,34 @@ def fast_loop(repeat: int) -> None:
               f"(goal: well under 120 s)")
 
 
+PLAN_RULES = 100_000
+PLAN_GOAL_S = 120
+
+
+def big_plans(repeat: int) -> None:
+    """`check` with a plan of `PLAN_RULES` dead rules (plus the shipped q_proj rule), as JSON and as the table: the
+    fastest of `repeat` runs and its peak RSS, against `PLAN_GOAL_S`."""
+    llama = str(FIXTURES / "llama-3.1-8b-instruct.snapshot.json.gz")
+    plan = {f"layers.*.no_such_module_{i}": "colwise" for i in range(PLAN_RULES)}
+    plan["layers.*.self_attn.q_proj"] = "colwise"
+    print(f"\ncheck Llama-3.1-8B tp 2 with {PLAN_RULES:,} rules that match nothing (fastest of {repeat}):")
+    with tempfile.TemporaryDirectory(prefix="tpaudit-bench-plans-") as tmp:
+        path = Path(tmp) / "plan.json"
+        path.write_text(json.dumps(plan))
+        for fmt in ("json", "table"):
+            runs = [run(tpaudit("check", llama, "--tp", "2", "--plan", str(path), "--format", fmt, "-o",
+                                str(Path(tmp) / f"out.{fmt}"))) for _ in range(repeat)]
+            wall, rss, code = min(runs)
+            print(f"  {wall:6.1f} s  {rss / 2**20:6.0f} MiB  exit {code}  --format {fmt}  (goal: under {PLAN_GOAL_S} s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-scan", action="store_true", help="leave out the whole-zoo scan (about a minute)")
     ap.add_argument("--only", nargs="*", help="rows whose name contains one of these words")
-    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests", "parity", "scan-parity"),
+    ap.add_argument("--section", choices=("all", "check", "headers", "batch", "tests", "plans", "parity",
+                                          "scan-parity"),
                     default="check")
     ap.add_argument("--batch-tp", default="4,8", help="tp sizes of the batch section")
     ap.add_argument("--scan-jobs", default="2", help="--jobs of the scan-parity section")
@@ -205,6 +231,9 @@ def main() -> int:
     if args.section == "tests":
         fast_loop(args.repeat)
         return 0
+    if args.section == "plans":
+        big_plans(args.repeat)
+        return 0
     if args.section == "parity":
         return parity()
 
@@ -214,6 +243,7 @@ def main() -> int:
         _print_headers(args.repeat)
         batch_throughput(args.batch_tp)
         fast_loop(1)
+        big_plans(1)
         parity()
         scan_parity(args.scan_jobs, None)
     return 0

@@ -101,11 +101,10 @@ sys.exit(main(sys.argv[1:]))
 
 
 class Bounded(subprocess.CompletedProcess):
-    """A finished child: `returncode`, `stdout`, `stderr`, `peak_bytes` (its own peak RSS, measured in it; `None`
-    when it died before recording it) and `seconds` (wall time)."""
+    """A finished child: `returncode`, `stdout`, `stderr` and `peak_bytes` (its own peak RSS, measured in it; `None`
+    when it died before recording it)."""
 
     peak_bytes: int | None
-    seconds: float
 
 
 def run_bounded(*args: str, seconds: float = 10, memory: int = 2 << 30, env: dict | None = None,
@@ -115,7 +114,6 @@ def run_bounded(*args: str, seconds: float = 10, memory: int = 2 << 30, env: dic
     child measures its own peak memory (see `_CHILD`)."""
     import resource
     import tempfile
-    import time
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -124,16 +122,33 @@ def run_bounded(*args: str, seconds: float = 10, memory: int = 2 << 30, env: dic
     full_env.pop("TPAUDIT_DEBUG", None)
     with tempfile.TemporaryDirectory(prefix="tpaudit-child-") as tmp:
         full_env["TPAUDIT_TEST_PEAK_FILE"] = peak_file = os.path.join(tmp, "peak")
-        start = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True,
                                   timeout=seconds, env=full_env, cwd=cwd or str(ROOT), preexec_fn=cap)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"tpaudit {' '.join(map(str, args))} still running after {seconds} s") from None
         result = Bounded(proc.args, proc.returncode, proc.stdout, proc.stderr)
-        result.seconds = time.perf_counter() - start
         result.peak_bytes = int(open(peak_file).read()) if os.path.exists(peak_file) else None
     return result
+
+
+def count_calls(fn):
+    """`(calls, fn())`: the Python and built-in function calls `fn` makes in this thread (a profile hook counts
+    them). A test of how work grows (linear in the rules, or not at all) compares counts, which a loaded machine does
+    not change; how long it takes is `scripts/benchmark.py`'s to say."""
+    calls = 0
+
+    def hook(frame, event, arg):
+        nonlocal calls
+        if event == "call" or event == "c_call":
+            calls += 1
+
+    sys.setprofile(hook)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(None)
+    return calls, out
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess:

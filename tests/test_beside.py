@@ -91,17 +91,22 @@ def test_a_child_that_dies_hands_over_nothing():
     assert proc.stdout.split() == ["True", "None", "None"], proc.stderr
 
 
-def test_when_the_work_beside_fails_the_child_is_stopped_and_the_error_raised():
-    # the child would read for a minute; the work fails at once: the error comes at once and no child is left
+def test_when_the_work_beside_fails_the_child_is_stopped_and_the_error_raised(tmp_path):
+    # the child would read for 20 s and then leave a mark; the work fails at once: the error is raised without
+    # waiting for the child (no mark: it never finished) and no child is left
+    mark = tmp_path / "child-finished"
     code = ("import os, time\nfrom tpaudit._process import tune_gc\ntune_gc()\n"
             "from tpaudit.sources import beside\nimport tpaudit.sources as sources\n"
-            "sources.open_source = lambda *a, **k: time.sleep(60)\n"
+            "def slow(*a, **k):\n    time.sleep(20)\n    open(%r, 'w').close()\n"
+            "sources.open_source = slow\n"
             "def work():\n    raise RuntimeError('imports-failed')\n"
-            "start = time.monotonic()\ntry:\n    beside.read_beside(%r, work)\nexcept RuntimeError as e:\n"
-            "    print(e, time.monotonic() - start < 10)\n"
-            "try:\n    os.waitpid(-1, os.WNOHANG)\nexcept ChildProcessError:\n    print('no-child')\n" % QWEN)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
-    assert proc.stdout.split() == ["imports-failed", "True", "no-child"], proc.stdout + proc.stderr
+            "try:\n    beside.read_beside(%r, work)\nexcept RuntimeError as e:\n"
+            "    print(e, os.path.exists(%r))\n"
+            "try:\n    os.waitpid(-1, os.WNOHANG)\nexcept ChildProcessError:\n    print('no-child')\n"
+            % (str(mark), QWEN, str(mark)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=90)
+    assert proc.stdout.split() == ["imports-failed", "False", "no-child"], proc.stdout + proc.stderr
+    assert not mark.exists()
 
 
 def test_no_child_in_a_process_that_imported_torch_or_did_not_tune_itself():
@@ -178,11 +183,15 @@ def test_bad_input_met_by_the_child_is_reported_without_waiting_for_the_imports(
     # source gives is raised at once, with its usual message
     bad = tmp_path / "bad.snapshot.json.gz"
     bad.write_bytes(b"\x1f\x8bnot gzip")
-    code = ("import time\nfrom tpaudit._process import tune_gc\ntune_gc()\nfrom tpaudit.sources.beside import "
-            "read_beside\nstart = time.monotonic()\ntry:\n    read_beside(%r, lambda: time.sleep(60))\n"
-            "except Exception as e:\n    print(type(e).__name__, time.monotonic() - start < 20)\n" % str(bad))
+    # (the stand-in leaves a mark when its sleep ends: none means it was cut short, whatever the machine's speed)
+    mark = tmp_path / "imports-finished"
+    code = ("import os, time\nfrom tpaudit._process import tune_gc\ntune_gc()\nfrom tpaudit.sources.beside import "
+            "read_beside\ndef imports():\n    time.sleep(30)\n    open(%r, 'w').close()\n"
+            "try:\n    read_beside(%r, imports)\n"
+            "except Exception as e:\n    print(type(e).__name__, os.path.exists(%r))\n"
+            % (str(mark), str(bad), str(mark)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=90)
-    assert proc.stdout.split() == ["SnapshotError", "True"], proc.stdout + proc.stderr
+    assert proc.stdout.split() == ["SnapshotError", "False"], proc.stdout + proc.stderr
     cli = run_cli("check", str(bad), "--tp", "2")
     assert cli.returncode == 2 and "gzip data is corrupt" in cli.stderr and len(cli.stderr.splitlines()) == 1
 

@@ -83,13 +83,11 @@ def model_dir(tmp_path):
 
 def check(hub, tmp_path, deadline: float = DEADLINE):
     """The cap tests give the deadline room (a loaded machine streams 64 MiB over loopback slowly): what they show is
-    that the body is cut at the cap, not by the clock."""
+    that the body is cut at the cap, not by the clock (the message says which; a child still running after
+    `CHILD_SECONDS` fails the test as a hang)."""
     env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "",
            "TPAUDIT_HUB_TIMEOUT": str(deadline)}
-    start = time.perf_counter()
-    proc = run_bounded("check", "acme/model", "--tp", "2", seconds=CHILD_SECONDS, memory=CAP, env=env)
-    proc.wall = time.perf_counter() - start
-    return proc
+    return run_bounded("check", "acme/model", "--tp", "2", seconds=CHILD_SECONDS, memory=CAP, env=env)
 
 
 def assert_one_error(proc, *needles):
@@ -111,7 +109,6 @@ def test_an_endless_safetensors_metadata_answer_is_cut_at_the_cap(model_dir, tmp
         hub.add("acme/model", model_dir)
         proc = check(hub, tmp_path, deadline=CAP_DEADLINE)
     assert_one_error(proc, "acme/model", "answered more than 64 MiB for the safetensors metadata")
-    assert proc.wall < CHILD_SECONDS
 
 
 def test_an_endless_ranged_read_stops_at_the_bytes_asked_for(model_dir, tmp_path):
@@ -123,7 +120,7 @@ def test_an_endless_ranged_read_stops_at_the_bytes_asked_for(model_dir, tmp_path
         proc = check(hub, tmp_path, deadline=CAP_DEADLINE)
     assert_one_error(proc, "acme/model", "model.safetensors")
     sent = [r for r in hub.requests if r.file == "model.safetensors" and r.method == "GET"]
-    assert proc.wall < CHILD_SECONDS and not sent  # the intercepted answer is not logged: nothing else was served
+    assert not sent  # the intercepted answer is not logged: nothing else was served
 
 
 def test_a_config_json_larger_than_the_cap_is_refused_before_its_download(model_dir, tmp_path):
