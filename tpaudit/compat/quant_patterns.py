@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
+from ..units import shorten
 
 MAX_ENTRIES = 10_000
 """Most module-name entries (all `ignore`, `targets` and `modules_to_not_convert` lists together) tpaudit matches.
@@ -108,7 +109,7 @@ def check_patterns(qc: dict[str, Any]) -> None:
     for where, regex in patterns:
         why = hazard(regex)
         if why:
-            shown = regex if len(regex) <= 80 else regex[:77] + "..."
+            shown = shorten(regex, 80, words=False)
             raise ConfigError(f"`{where}` is the regular expression {shown!r}, which {why}: matching it against "
                               "module names can take exponential time", fix=_FIX)
 
@@ -222,7 +223,7 @@ def probe_matching(qc: dict[str, Any], names: list[str]) -> None:
         lines = out.decode(errors="replace").split()
         at = int(lines[-1]) if lines and lines[-1].isdigit() else 0
         where, regex = patterns[min(at, len(patterns) - 1)]
-        shown = regex if len(regex) <= 80 else regex[:77] + "..."
+        shown = shorten(regex, 80, words=False)
         raise ConfigError(f"matching quantization_config's module-name patterns against the model's {len(names):,} "
                           f"modules took over {budget:g} s (stopped at `{where}`, {shown!r}); the quantizer would "
                           "run at least as long", fix=_FIX) from None
