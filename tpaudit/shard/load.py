@@ -153,7 +153,7 @@ def _alike_patterns(specs: dict[str, list]) -> set[str]:
 
 def _read_alike(reader, specs: list, torch_dtype) -> tuple[int, list, int, tuple | None]:
     """Shard-on-read of pieces that all have one stored shape and dtype and carry no values, as the loop over them one
-    by one in `_simulate_family` reads them, with one `shard_tensor` call per kind of piece (owned by this rank or
+    by one in `_read_rank` reads them, with one `shard_tensor` call per kind of piece (owned by this rank or
     not) instead of one per piece.
 
     Returns:
