@@ -401,8 +401,8 @@ def build_small_model(config, model_class, tp_plan: dict | None, tp_size: int, *
         except Exception as e:  # noqa: BLE001 - retried with real head widths; a second failure is the caller's
             d, shrunk = prepare(True)
             d, layers, layer_notes = _choose_layers(cls, config_cls, d)
-            notes.append("attention head widths kept real: the model does not build with scaled ones "
-                         f"({short(f'{type(e).__name__}: {e}', 120)})")
+            why = shorten(f"{type(e).__name__}: {e}", 120, words=False)
+            notes.append(f"attention head widths kept real: the model does not build with scaled ones ({why})")
         notes += layer_notes
         count = sum(p.numel() for p in _meta_model(cls, config_cls, d).parameters())
         if count > MAX_PARAMETERS:
