@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 
-from conftest import CASES, FIXTURES, audit, nbytes, run_main, snapshot_tensors
+from conftest import CASES, FIXTURES, audit, run_main
 
 QWEN3_VL = str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz")
 PRE_FIX_PLAN = json.loads((CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json").read_text())
