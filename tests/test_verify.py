@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import run_cli, run_main
+from conftest import FIXTURES, run_cli, run_main
 
 pytestmark = pytest.mark.distributed
 
@@ -36,8 +36,8 @@ def tiny(tmp_path_factory):
                                                   num_experts_per_tok=2, dtype="float32")),
         "vlm": Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config={**TEXT, "rope_scaling": rope},
                                                              vision_config=vision, dtype="float32")),
-        # transformers 5.23 fails to TP-load qwen3_vl_moe (its checkpoint Transpose compares the local shard with the
-        # full shape): the loader failure case
+        # transformers 5.23-5.25 fail to TP-load qwen3_vl_moe's experts (the checkpoint Transpose compares the local
+        # shard with the full shape): the loader failure case, with expert TP rules (5.24's plan, given as --plan)
         "vlm_moe": Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(
             text_config={**TEXT, "rope_scaling": rope, "moe_intermediate_size": 32, "num_experts": 4,
                          "num_experts_per_tok": 2}, vision_config=vision, dtype="float32")),
@@ -68,10 +68,37 @@ def test_measured_equals_predicted(tiny, name):
 
 
 def test_loader_failure_is_exit_3_and_names_the_rank(tiny):
-    proc = run_cli("verify", str(tiny / "vlm_moe"), "--tp", "2", "--device", "cpu")
+    """The tiny qwen3_vl_moe at tp 2 with expert TP rules fails to load (its experts' Transpose): exit 3 naming the
+    rank. transformers 5.25 ships no expert TP rules (its experts load whole at tp alone), so the plan 5.24.0 shipped
+    is given with --plan under every release: the ranks load with it as DistributedConfig(tp_plan=...) overrides."""
+    plan = FIXTURES / "plans" / "qwen3-vl-moe.transformers-5.24.json"
+    proc = run_cli("verify", str(tiny / "vlm_moe"), "--tp", "2", "--plan", str(plan), "--device", "cpu")
     assert proc.returncode == 3, proc.stdout[-1500:] + proc.stderr[-1500:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the model failed to load on rank ") and "Traceback" not in proc.stderr
+    assert "tpaudit check predicted it: TPA304 model.language_model.layers.*.mlp.experts." in line
+
+
+def test_a_bad_plan_is_refused_before_any_rank_starts(tiny, tmp_path):
+    """verify --plan reads the file as check --plan does: a style transformers does not register is exit 2 naming
+    the file, and no rank is started."""
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps({"layers.*.mlp.experts.gate_up_proj": "packed_colwize"}))
+    proc = run_main("verify", str(tiny / "moe"), "--tp", "2", "--plan", str(bad), "--device", "cpu")
+    assert proc.returncode == 2 and str(bad) in proc.stderr and "packed_colwize" in proc.stderr, proc.stderr
+    assert not any(line.startswith("tpaudit verify: starting") for line in proc.stderr.splitlines())
+
+
+def test_plan_overrides_are_full_keys():
+    """--plan's keys are relative to the base model; DistributedConfig(tp_plan=...) takes them from the top model:
+    the text decoder's prefix goes in front (none for a model without one)."""
+    from tpaudit.verify import plan_overrides
+
+    rules = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise", "layers.*.mlp.experts": "moe_tp_experts"}
+    assert plan_overrides("model.language_model", rules) == {
+        "model.language_model.layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+        "model.language_model.layers.*.mlp.experts": "moe_tp_experts"}
+    assert plan_overrides("", rules) == rules and plan_overrides("model", None) is None
 
 
 def test_a_perturbed_prediction_is_a_mismatch(tiny, monkeypatch):
@@ -154,3 +181,20 @@ def test_tiny_moe_at_tp_only_and_with_ep_loads_as_predicted(tiny, ep):
                                                             for p in ("down_proj", "gate_up_proj")]
     else:
         assert check.returncode == 0 and errors == [], check.stdout[-2000:]
+
+
+def test_a_plan_override_reaches_the_ranks(tiny):
+    """verify --plan with the plan transformers 5.24.0 shipped for qwen3_moe (its experts split by TP rules): under
+    every release the ranks load with it, so each holds half of every expert (the figure worked out from the config),
+    which 5.25's own plan at tp alone would not (experts whole); the prediction agrees to the byte and says the plan
+    was given to the ranks."""
+    plan = FIXTURES / "plans" / "qwen3-moe.transformers-5.24.json"
+    proc = run_cli("verify", str(tiny / "moe"), "--tp", "2", "--plan", str(plan), "--device", "cpu",
+                   "--format", "json")
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    out = json.loads(proc.stdout)
+    assert out["match"] is True and out["mismatches"] == []
+    expected = _tiny_moe_rank_bytes(experts_whole=False)
+    assert [r["measured_param_bytes"] for r in out["ranks"]] == [expected, expected]
+    rules = len(json.loads(plan.read_text()))
+    assert any(n.startswith(f"--plan {plan}: the ranks loaded with {rules} rule(s)") for n in out["notes"])

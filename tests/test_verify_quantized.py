@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import FIXTURES, run_cli
 
 pytestmark = pytest.mark.distributed
 
@@ -64,7 +64,14 @@ def test_a_load_that_fails_was_predicted(models, name, sizes):
     qwen3_vl_moe saved by transformers at ep 2 (stored in the runtime layout, its experts' local pieces are transposed
     by the loader's `Transpose(check_dims=True)`, which compares them with the whole parameter); and one stored as
     Qwen3-VL-30B-A3B is, at tp 2 (sliced on the stored axes before the `Transpose`): the load fails on the ranks
-    (exit 3), and `check`'s prediction for the same input said so (TPA304)."""
+    (exit 3), and `check`'s prediction for the same input said so (TPA304).
+
+    The two tp-only loads need expert TP rules, which transformers 5.25 no longer ships (its experts load whole at tp
+    alone): the plan 5.24.0 shipped (DeepseekV3Config's, Qwen3VLMoeTextConfig's) is given with --plan under every
+    release, and the ranks load with it as DistributedConfig(tp_plan=...) overrides."""
+    plans = {"int4_moe": "deepseek-v3", "qwen3_vl_moe_published": "qwen3-vl-moe"}
+    if name in plans:
+        sizes = (*sizes, "--plan", str(FIXTURES / "plans" / f"{plans[name]}.transformers-5.24.json"))
     proc = run_cli("verify", str(models[name]), *sizes, "--device", "cpu", timeout=600)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]

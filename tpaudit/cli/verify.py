@@ -10,8 +10,15 @@ import typer
 from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, ModelArg, OutputOpt, RevisionOpt, TokenOpt, TpOpt,
                        TrustRemoteCodeOpt, Units, UnitsOpt, format_option)
 
+VerifyPlanOpt = Annotated[Optional[str], typer.Option(
+    "--plan", help="Path of a JSON file holding an object of rule -> style (keys relative to the base model, as in "
+                   "configuration_*.py): the ranks load with these rules as DistributedConfig(tp_plan=...) "
+                   "overrides, which transformers merges into the model's plan (rules not named keep their style), "
+                   "and the prediction resolves the same. Verifies a plan override before it is deployed.")]
+
 VERIFY_EXAMPLES = [
     "tpaudit verify ./tiny-moe --tp 2 --device cpu",
+    "tpaudit verify ./tiny-moe --tp 2 --plan my_plan.json --device cpu      # a plan override, before deploying it",
     "tpaudit verify fixtures/qwen3-vl-30b-a3b-instruct.snapshot.json.gz --zero-weights --tp 1 --device cuda",
     "torchrun --nproc-per-node 2 -m tpaudit verify ./tiny-moe --tp 2      # already under torchrun: worker mode",
 ]
@@ -28,6 +35,7 @@ def verify(
         "--zero-weights", help="Load a sparse checkpoint with the model's real headers and zero data (any source: "
                                "Hub, directory, snapshot); nothing is downloaded but headers.")] = False,
     dtype: DtypeOpt = None,
+    plan: VerifyPlanOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a hung load is stopped.")] = 900,
     format: format_option("verify") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
@@ -43,13 +51,15 @@ def verify(
     3 the model failed to load on some rank (the rank and the loader's error are named).
     """
     from ..verify import run_as_worker, run_verify, under_torchrun
+    from ..metamodel import load_plan_file
     from ..report import get
     from ._output import emit
 
     get("verify", format)
+    rules = load_plan_file(plan) if plan is not None else None   # a bad plan is exit 2 before any rank starts
     if under_torchrun():
         result, code = run_as_worker(model, tp_size=tp, ep_size=ep, dtype=dtype, architecture=architecture,
-                                     trust_remote_code=trust_remote_code)
+                                     trust_remote_code=trust_remote_code, plan=rules, plan_path=plan)
         if result is None:
             return code
     else:
@@ -58,7 +68,7 @@ def verify(
             result = run_verify(model, tp_size=tp, ep_size=ep, device=device, nproc=nproc,
                                 zero_weights=zero_weights, dtype=dtype, architecture=architecture,
                                 trust_remote_code=trust_remote_code, revision=revision, token=token, timeout=timeout,
-                                progress=progress)
+                                progress=progress, plan=rules, plan_path=plan)
         finally:
             progress.close()
         code = 0 if result.match else 1

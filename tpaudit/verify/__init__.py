@@ -11,6 +11,11 @@ so the report names the rank that failed.
 When `tpaudit verify` itself runs under torchrun (RANK / WORLD_SIZE in the environment), it is the worker: rank 0
 gathers the records with `gather_object`, predicts, prints the report and broadcasts the exit code.
 
+`--plan FILE` checks a plan override before it is deployed: its rules (keys relative to the base model, as in
+`configuration_*.py`) are given with full keys as `DistributedConfig(tp_plan=...)`, which transformers merges into the
+model's own plan at load (a rule the file does not name keeps the model's style); the prediction resolves the same
+`DistributedConfig`.
+
 `--zero-weights` first writes a checkpoint with the source's real headers and a sparse data region (reads as zeros,
 costs no disk) and loads that: a full-size model's shard sizes can be confirmed without downloading weights.
 """
@@ -96,8 +101,9 @@ def load_and_measure(spec: dict) -> dict:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         record["device"] = device_type
         # use_kernels=False: transformers' own forward, nothing fetched (5.25 turns Hub kernels on by default)
-        kwargs = {"distributed_config": DistributedConfig(tp_size=spec["tp_size"], ep_size=spec["ep_size"]),
-                  "use_kernels": False}
+        # tp_plan: `--plan`'s rules with full keys, merged by transformers into the model's plan (None: the model's)
+        dist = DistributedConfig(tp_size=spec["tp_size"], ep_size=spec["ep_size"], tp_plan=spec.get("tp_plan"))
+        kwargs = {"distributed_config": dist, "use_kernels": False}
         if spec.get("dtype"):
             kwargs["dtype"] = spec["dtype"]
         if device_type == "cuda" and max(spec["tp_size"], spec["ep_size"]) == 1:
@@ -171,17 +177,40 @@ def compare(shard_map, records: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def predict(path: str, tp_size: int, ep_size: int, dtype: str | None, architecture: str | None,
-            trust_remote_code: bool, device: str = "cuda"):
+            trust_remote_code: bool, device: str = "cuda", plan: dict[str, str] | None = None,
+            plan_path: str | None = None):
     """The static prediction for the directory the ranks loaded (the same checkpoint headers), for the device they
     load on: on `cpu` a quantizer that dequantizes without a GPU (FP8, MXFP4) is predicted to do so, as the ranks'
-    own `validate_environment` decides; on `cuda` the quantized layout a GPU keeps."""
+    own `validate_environment` decides; on `cuda` the quantized layout a GPU keeps.
+
+    `plan` (rule -> style, keys relative to the base model: `--plan`) is resolved as the ranks load it: with full
+    keys (`plan_overrides`) as `DistributedConfig(tp_plan=...)`, merged by transformers into the model's plan.
+
+    Raises:
+        UsageError: transformers refuses the sizes or the merged plan (see `run.pipeline.Audit.report`).
+    """
     from ..run.pipeline import Audit, CheckRequest
     from ..metamodel import BuildOptions
     from ..model import ParallelSizes
 
     audit = Audit.open(path, BuildOptions(dtype=dtype, architecture=architecture,
                                           trust_remote_code=trust_remote_code, gpu_view=device == "cuda"))
-    return audit.check(CheckRequest(ParallelSizes.of(tp_size, ep_size), parity="off"))
+    overrides = {"tp_plan": plan_overrides(audit.built.text_prefix, plan)} if plan is not None else None
+    return audit.check(CheckRequest(ParallelSizes.of(tp_size, ep_size), parity="off", dist_overrides=overrides,
+                                    plan_path=plan_path))
+
+
+def plan_overrides(text_prefix: str | None, plan: dict[str, str] | None) -> dict[str, str] | None:
+    """`plan`'s rules (keys relative to the base model, `--plan`) with the full keys `DistributedConfig(tp_plan=...)`
+    takes: the text decoder's prefix in front (`layers.*.mlp.experts.gate_up_proj` ->
+    `model.language_model.layers.*.mlp.experts.gate_up_proj` for Qwen3-VL-MoE). None for no plan.
+
+    Source: transformers `DistributedConfig.tp_plan` ("override individual rules of that plan; unspecified rules are
+    kept"), merged into the model's plan by its plan resolution at `from_pretrained`."""
+    if plan is None:
+        return None
+    prefix = f"{text_prefix}." if text_prefix else ""
+    return {prefix + key: style for key, style in plan.items()}
 
 
 def predicted_failure(report) -> str:
@@ -239,10 +268,11 @@ def prepare_model_dir(ref: str, *, zero_weights: bool, revision: str | None, tok
 
 def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dtype: str | None,
            architecture: str | None, trust_remote_code: bool, timeout: float, workdir: Path,
-           progress=None) -> list[dict]:
+           progress=None, tp_plan: dict[str, str] | None = None) -> list[dict]:
     """Run the worker on `nproc` ranks under torchrun; return every rank's record. `progress(phase, detail)`, when
     given, hears how many ranks have started and loaded, about twice a second while they load (each rank writes
-    `rank<N>.started` when its process begins, `rank<N>.json` when it is done).
+    `rank<N>.started` when its process begins, `rank<N>.json` when it is done). `tp_plan` (full keys,
+    `plan_overrides`) is handed to every rank's `DistributedConfig`.
 
     The ranks run in `workdir`, not the current directory: `-m` puts the working directory first on `sys.path`, where
     a `tpaudit/` folder (a clone) would be imported in place of the installed package
@@ -255,7 +285,7 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
     out_dir = workdir / "ranks"
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = {"path": os.path.abspath(path), "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype, "architecture": architecture,
-            "trust_remote_code": trust_remote_code, "out_dir": str(out_dir)}
+            "trust_remote_code": trust_remote_code, "out_dir": str(out_dir), "tp_plan": tp_plan}
     spec_file = workdir / "spec.json"
     spec_file.write_text(json.dumps(spec))
     env = without_torchrun()
@@ -317,7 +347,8 @@ def launch(path: str, *, tp_size: int, ep_size: int, nproc: int, device: str, dt
 def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu", nproc: int | None = None,
                zero_weights: bool = False, dtype: str | None = None, architecture: str | None = None,
                trust_remote_code: bool = False, revision: str | None = None, token: str | None = None,
-               timeout: float = 900, progress=None) -> VerifyResult:
+               timeout: float = 900, progress=None, plan: dict[str, str] | None = None,
+               plan_path: str | None = None) -> VerifyResult:
     """Load `ref` on `nproc` real ranks and compare with the prediction (the launcher side of `tpaudit verify`).
 
     Args:
@@ -327,6 +358,9 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
         nproc (`int`, *optional*): ranks to start; default `max(tp_size, ep_size)`.
         zero_weights (`bool`): load a sparse checkpoint with the real headers instead of weights.
         timeout (`float`): seconds before a hung load is stopped.
+        plan (`dict[str, str]`, *optional*): `--plan`'s rules (keys relative to the base model), loaded as
+            `DistributedConfig(tp_plan=...)` overrides merged into the model's plan, and predicted the same way;
+            `plan_path` names its file in findings.
         progress (`Callable[[str, str], None]`, *optional*): told each phase as it starts (`"preparing"`,
             `"predicting"`, `"starting"`, `"loading"` with the ranks started and loaded, `"comparing"`) and a detail.
 
@@ -369,12 +403,17 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
                                         workdir=workdir)
         # Predict first: a config, dtype or plan that cannot work is an input error (exit 2) before any rank starts.
         say("predicting", "building the meta model and every rank's shards")
-        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
+        report = predict(path, tp_size, ep_size, dtype, architecture, trust_remote_code, device, plan=plan,
+                         plan_path=plan_path)
+        tp_plan = plan_overrides(report.plan.get("text_prefix"), plan)
+        if tp_plan is not None:
+            notes = notes + [f"--plan{' ' + plan_path if plan_path else ''}: the ranks loaded with {len(tp_plan)} rule(s) as "
+                             "DistributedConfig(tp_plan=...) overrides, merged into the model's plan"]
         say("starting", f"{nproc} ranks under torchrun ({'NCCL' if device == 'cuda' else 'gloo'})")
         try:
             records = launch(path, tp_size=tp_size, ep_size=ep_size, nproc=nproc, device=device, dtype=dtype,
                              architecture=architecture, trust_remote_code=trust_remote_code, timeout=timeout,
-                             workdir=workdir, progress=progress)
+                             workdir=workdir, progress=progress, tp_plan=tp_plan)
         except LoadFailedError as e:
             raise LoadFailedError(f"{e}; {predicted_failure(report)}", rank=e.rank, loader_message=e.loader_message,
                                   hint=e.hint) from None
@@ -387,16 +426,29 @@ def run_verify(ref: str, *, tp_size: int, ep_size: int = 1, device: str = "cpu",
 
 
 def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, architecture: str | None,
-                  trust_remote_code: bool) -> tuple[VerifyResult | None, int]:
+                  trust_remote_code: bool, plan: dict[str, str] | None = None,
+                  plan_path: str | None = None) -> tuple[VerifyResult | None, int]:
     """`tpaudit verify` launched by the user under torchrun: load on this rank, gather the records on rank 0, which
-    predicts and compares; the exit code is broadcast so every rank exits with it. Returns `(result on rank 0 else
-    None, exit code)`."""
+    predicts and compares; the exit code is broadcast so every rank exits with it. With `plan` (`--plan`), every
+    rank predicts first, for the full keys its `DistributedConfig(tp_plan=...)` loads with. Returns `(result on
+    rank 0 else None, exit code)`."""
     import torch.distributed as dist
 
     from ..compat import versions as installed_versions
 
+    def prediction(device: str):
+        return predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code, device, plan=plan,
+                       plan_path=plan_path)
+
+    tp_plan = None
+    if plan is not None:
+        import torch
+
+        tp_plan = plan_overrides(prediction("cuda" if torch.cuda.is_available() else "cpu").plan.get("text_prefix"),
+                                 plan)
     record = load_and_measure({"path": ref, "tp_size": tp_size, "ep_size": ep_size, "dtype": dtype,
-                               "architecture": architecture, "trust_remote_code": trust_remote_code})
+                               "architecture": architecture, "trust_remote_code": trust_remote_code,
+                               "tp_plan": tp_plan})
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     records: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -406,13 +458,13 @@ def run_as_worker(ref: str, *, tp_size: int, ep_size: int, dtype: str | None, ar
         failed = [r for r in records if not r.get("ok")]
         device = records[0].get("device") or "cpu"
         if failed:
-            report = predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
+            report = prediction(device)
             result = VerifyResult(tp_size, ep_size, [], [], load_error={"rank": failed[0]["rank"],
                                                                         "message": failed[0].get("error"),
                                                                         "predicted": predicted_failure(report)})
             code = 3
         else:
-            report = predict(ref, tp_size, ep_size, dtype, architecture, trust_remote_code, device)
+            report = prediction(device)
             ranks, mismatches = compare(report.shard_map, records)
             result = VerifyResult(tp_size, ep_size, ranks, mismatches,
                                   model={"ref": ref, "architecture": report.model.get("architecture")},
