@@ -31,7 +31,9 @@ PreTrainedModel._load_pretrained_model = staticmethod(spy)
 result = {"rank": None, "raised": False, "loaded": None, "targets": [], "snippet": False}
 try:
     with tpaudit.strict_tp():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(tp_size=2))
+        # shipped-ep: the shipped plan with expert parallelism (ep_size = tp_size), as transformers 5.25 splits experts
+        sizes = {"tp_size": 2, "ep_size": 2} if mode == "shipped-ep" else {"tp_size": 2}
+        model = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(**sizes))
 except tpaudit.ReplicatedWeightsError as e:
     result.update(raised=True, targets=sorted(f.target for f in e.findings), snippet=bool(e.plan_snippet),
                   message=str(e).splitlines()[0])
