@@ -198,3 +198,30 @@ def test_a_plan_override_reaches_the_ranks(tiny):
     assert [r["measured_param_bytes"] for r in out["ranks"]] == [expected, expected]
     rules = len(json.loads(plan.read_text()))
     assert any(n.startswith(f"--plan {plan}: the ranks loaded with {rules} rule(s)") for n in out["notes"])
+
+
+def test_a_plan_override_in_worker_mode(tiny, tmp_path):
+    """`torchrun -m tpaudit verify --plan`: every rank reads the plan, predicts for its full keys and loads with them;
+    rank 0 prints the report. With 5.24.0's qwen3_moe plan each of the 2 ranks holds half of every expert (the
+    figure worked out from the config), under every release."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plan = FIXTURES / "plans" / "qwen3-moe.transformers-5.24.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(port), "-m", "tpaudit", "verify", str(tiny / "moe"),
+                           "--tp", "2", "--plan", str(plan), "--format", "json"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-2500:]
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert out["match"] is True and out["mismatches"] == []
+    expected = _tiny_moe_rank_bytes(experts_whole=False)
+    assert [r["measured_param_bytes"] for r in out["ranks"]] == [expected, expected]
