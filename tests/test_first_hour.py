@@ -60,6 +60,17 @@ def test_check_output_file_says_what_it_wrote(tmp_path):
     assert str(out) in line and "json" in line and all(w in line for w in want), line
 
 
+def test_size_output_file_says_what_it_wrote(tmp_path):
+    """`size -o` says what it wrote too: the options and what is recommended (the JSON in the file)."""
+    out = tmp_path / "size.json"
+    proc = run_main("size", LLAMA, "--gpu", "H100-80GB", "--tp", "1,2", "--format", "json", "-o", str(out))
+    doc = json.loads(out.read_text())
+    best = doc["recommended"]
+    [line] = proc.stderr.strip().splitlines()
+    assert str(out) in line and f"{len(doc['options'])} options" in line
+    assert f"recommended tp {best['tp_size']}, ep {best['ep_size']}" in line, line
+
+
 def test_a_shadowing_tpaudit_folder_is_named(tmp_path, monkeypatch, capsys):
     """`python -m tpaudit` from a directory holding a `tpaudit/` folder without `__init__.py` (a clone): Python
     imports the folder as an empty namespace package `tpaudit` (the editable install's finder then serves

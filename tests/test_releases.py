@@ -183,3 +183,17 @@ def test_scan_covers_the_model_types_new_in_5_25(tmp_path):
     assert not any(".experts." in k for k in MiniCPM5MoeConfig.base_model_tp_plan)
     errors = {f["target"] for f in rows["minicpm5_moe"]["findings"] if f["severity"] == "error"}
     assert errors == {f"model.layers.*.mlp.experts.{p}" for p in experts}
+
+
+def test_tpa001_under_a_users_plan_names_that_plan_not_the_shipped_one():
+    """With `--plan`, the experts' TPA001 blames the plan in force (the user's), not the config class's shipped plan,
+    and still gives expert parallelism as its fix (the model's EP plan covers them)."""
+    from conftest import CASES, FIXTURES, audit
+    import json
+
+    plan = json.loads((CASES / "01-qwen3-vl-moe-experts-replicated" / "tp_plan.json").read_text())
+    report = audit(str(FIXTURES / "qwen3-vl-30b-a3b-instruct.snapshot.json.gz"), tp=4, plan=plan)
+    experts = [f for f in report.findings if f.code == "TPA001" and ".mlp.experts." in f.target]
+    assert len(experts) == 2
+    for f in experts:
+        assert "the plan in force has no rule for them" in f.message and "shipped" not in f.message

@@ -117,9 +117,12 @@ def check_replicated_weight(ctx: CheckContext) -> Iterable[Finding]:
     experts live at `layers.*.mlp.experts.gate_up_proj` / `down_proj`.
 
     **Fix**
-    Add rules for the replicated parameters (`layers.*.mlp.experts.gate_up_proj: packed_colwise`,
-    `layers.*.mlp.experts.down_proj: rowwise`, `layers.*.mlp.experts: moe_tp_experts`); `tpaudit check --suggest`
-    proposes them from sibling architectures and re-simulates.
+    Routed experts that the model's expert-parallel plan covers: split them by expert, `--ep N` with `N = tp_size`
+    (`DistributedConfig(tp_size=N, ep_size=N)`); this is what transformers 5.25 expects, since it took the experts
+    out of most MoE TP plans, and the finding's fix names it only after re-checking it. Other weights: add a rule
+    for them (`layers.*.self_attn.q_proj: colwise`, `layers.*.mlp.shared_expert.down_proj: rowwise`);
+    `tpaudit check --suggest` proposes rules from sibling architectures whose parameters have the same layout, or
+    the ep size, and prints them only once their whole re-check (load stage and parity included) is clean.
 
     **References**
     transformers `distributed/mixin.py` (`_expand_parallel_plan`), `distributed/parallel_utils.py`
@@ -195,6 +198,9 @@ def _expert_parallel_fix(ctx: CheckContext, name: str, relative: str) -> tuple[s
                               f"(`{ctx.relative_key(ep_key)}: {ctx.plan.ep_rules[ep_key]}`) splits these experts by "
                               "expert", tp, ep)
                     for ep in tf.accepted_ep_sizes(tp, range(2, tp + 1)))
+    if ctx.plan.override is not None or ctx.plan.dist_overrides:  # the plan in force is the user's, not the shipped one
+        return ("; the plan in force has no rule for them, while the model's expert-parallel plan does: expert "
+                "parallelism splits them"), options
     shipped = tf.base_plan(type(ctx.built.owner_config))
     if shipped and parameter_rule(relative, shipped) is None:
         return (f"; transformers {installed_version('transformers')} splits these experts by expert parallelism "

@@ -22,8 +22,9 @@ ModelArg = Annotated[str, typer.Argument(
     metavar="MODEL", help="A model directory (config.json, optional safetensors), a snapshot file from "
                           "'tpaudit snapshot', or a Hub id such as Qwen/Qwen3-VL-30B-A3B-Instruct.")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size: how many ranks share each layer.")]
-EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel size: 1, or equal to --tp (transformers 5.23/5.24 "
-                                                 "without FSDP).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel size: 1, or equal to --tp (transformers 5.23-5.25 "
+                                                 "without FSDP). Under 5.25 most MoE models need it: their TP plans "
+                                                 "leave the routed experts to the EP plan.")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub only: branch, tag or commit.")]
 TokenOpt = Annotated[Optional[str], typer.Option(
     "--token", help="Hub only: access token for gated/private repos (default: HF_TOKEN or the stored login). Never "

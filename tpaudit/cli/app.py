@@ -130,7 +130,9 @@ def _main(argv: list[str] | None) -> int:
             return 2
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         command_path = getattr(getattr(e, "ctx", None), "command_path", None) or "tpaudit"
-        print(f"error: {' '.join(message.split()).rstrip('.')}. See '{command_path} --help'.", file=sys.stderr)
+        text = ' '.join(message.split()).rstrip('.')
+        end = "" if text.endswith(("?", "!")) else "."   # "Did you mean 'check'?" keeps its own mark
+        print(f"error: {text}{end} See '{command_path} --help'.", file=sys.stderr)
         return int(getattr(e, "exit_code", 2) or 2)
     except KeyboardInterrupt as e:
         return report_error(e)

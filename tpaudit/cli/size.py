@@ -151,4 +151,9 @@ def size(
                         overhead=parse_overhead(overhead), plan_override=plan_override, architecture=architecture,
                         trust_remote_code=trust_remote_code, training=setup)
     emit("size", format, report, output, unit=units.value)
+    if output is not None:  # the report is in the file: say so, as check, batch and scan do
+        best = report.recommended
+        verdict = (f"recommended tp {best.tp_size}, ep {best.ep_size}" if best is not None else "nothing recommended")
+        print(f"tpaudit: wrote the size report ({format}; {len(report.options)} options, {verdict}) to {output}",
+              file=sys.stderr)
     return 0 if report.recommended is not None else 1
