@@ -179,3 +179,14 @@ def test_library_warnings_are_collected_into_the_report_once_each_with_a_count(m
     md = run_main("scan", "--tp", "4", "--jobs", "1", "--model-type", "llama", "--format", "markdown")
     said = md.stdout.split("transformers and torch said:")[1]
     assert "1x transformers:" in said and "1x UserWarning: llama config is odd" in said
+
+
+def test_recycling_workers_with_all_tasks_submitted_finishes_every_task():
+    import os
+
+    from tpaudit.run.executor import run_tasks
+
+    # nine tasks on two workers retiring after two each: Python 3.11's own max_tasks_per_child waits forever here
+    pids = [pid for _, pid in run_tasks(os.getpid, [()] * 9, jobs=2, max_tasks_per_child=2)]
+    assert len(pids) == 9 and os.getpid() not in pids
+    assert len(set(pids)) >= 3   # at least ceil(9 / (2 * 2)) pools, each with fresh workers

@@ -165,16 +165,19 @@ def _outcome(value, propagate):
 
 
 def _run_pool(fn, tasks, jobs, initializer, propagate, max_tasks_per_child=None) -> Iterator[tuple[tuple, Any]]:
+    if max_tasks_per_child:
+        # a fresh pool per batch of `jobs * max_tasks_per_child` tasks, rather than ProcessPoolExecutor's own
+        # `max_tasks_per_child`: on Python 3.11 a pool whose tasks were all submitted at once stops replacing the
+        # workers that retire and waits forever (CPython gh-115634, fixed in 3.12.4)
+        size = max(1, jobs * max_tasks_per_child)
+        for begin in range(0, len(tasks), size):
+            yield from _run_pool(fn, tasks[begin:begin + size], jobs, initializer, propagate)
+        return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    import sys
-
-    # `max_tasks_per_child` is Python 3.11's; on 3.10 (which tpaudit supports) every worker lives for the whole pool
-    recycle: dict[str, Any] = ({"max_tasks_per_child": max_tasks_per_child}
-                               if max_tasks_per_child is not None and sys.version_info >= (3, 11) else {})
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=initializer, **recycle)
+                               initializer=initializer)
     try:
         futures = {pool.submit(_call, fn, task): task for task in tasks}
         for future in as_completed(futures):
