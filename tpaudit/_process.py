@@ -70,6 +70,21 @@ _paused = False
 _collect_at_resume = False
 
 
+def release_memory() -> None:
+    """Return what a finished task freed to the system: one full collection, then glibc's `malloc_trim(0)` (freed
+    heap pages otherwise stay resident in a long-lived worker; the parity check's small models leave tens of MiB
+    each). A no-op where the C library has no `malloc_trim` (macOS, musl)."""
+    import ctypes
+    import ctypes.util
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def tune_gc(long_lived: bool = False) -> None:
     """Set the cyclic collector's thresholds for a tpaudit-owned process, and pause it until the import phase ends
     when torch is not imported yet (see the module docstring). Idempotent.

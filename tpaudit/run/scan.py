@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCAN_SCHEMA = "tpaudit/scan/v1"
-PARITY_TASKS_PER_WORKER = 40
+PARITY_TASKS_PER_WORKER = 30
 """With the parity check, a worker process is replaced after this many model types (and a scan of more types runs
 in a worker even with `--jobs 1`): the small models' forwards leave allocator pools and caches behind that only the
 process's end returns. Measured on the whole 5.25 zoo: see `scripts/benchmark.py --section scan-parity`."""
@@ -270,8 +270,14 @@ def _scan_one(model_type: str, tp_size: int, parity: str = "off") -> ScanResult:
 
 
 def _row(model_type: str, tp_size: int, parity: str) -> dict:
-    """What a worker sends back: one row as JSON."""
-    return scan_one(model_type, tp_size, parity).to_json()
+    """What a worker sends back: one row as JSON. After a parity check the worker returns the memory its small models
+    freed to the system (`_process.release_memory`)."""
+    row = scan_one(model_type, tp_size, parity).to_json()
+    if parity != "off" and (row.get("parity") or {}).get("ran"):
+        from .._process import release_memory
+
+        release_memory()
+    return row
 
 
 def _worker_init() -> None:
