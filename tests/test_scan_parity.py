@@ -30,7 +30,8 @@ def test_a_parity_check_that_cannot_run_keeps_the_static_audit(monkeypatch):
     assert row.status == plain.status
     assert row.findings == plain.findings and row.replicated == plain.replicated
     assert row.replicated_bytes == plain.replicated_bytes and row.unused_rules == plain.unused_rules
-    assert row.parity_outcome == "could_not_run" and not row.failing
+    # the gate verdict is the static audit's (5.23 ships gpt_neox no plan: TPA003 fails it either way)
+    assert row.parity_outcome == "could_not_run" and row.failing == plain.failing
     assert "KeyError: 'sliding_attention'" in row.parity_error and "--no-parity" in row.parity_error
     back = type(row).from_json(json.loads(json.dumps(row.to_json())))
     assert back.parity_error == row.parity_error and back.parity_outcome == "could_not_run"
@@ -50,7 +51,8 @@ def test_the_summary_counts_parity_verdicts_in_every_format(monkeypatch, tmp_pat
     args = ["scan", "--tp", "4", "--jobs", "1", "--parity", "--model-type", "gpt_neox", "--model-type", "llama"]
     out = tmp_path / "scan.json"
     proc = run_main(*args, "--format", "json", "-o", str(out))
-    assert proc.returncode == 0, proc.stderr
+    static = run_main(*[a for a in args if a != "--parity"], "--format", "json")
+    assert proc.returncode == static.returncode, proc.stderr   # the exit code is the static audit's
     doc = json.loads(out.read_text())
     rows = {m["model_type"]: m for m in doc["models"]}
     # llama's shipped plan splits no fused projection: not needed; gpt_neox's could not run
@@ -90,7 +92,12 @@ def test_dots3_sliding_layers_keep_head_dim_equal_to_the_mla_parts():
 
 
 def test_hunyuan_v4_mrope_keeps_its_rope_width_and_a_wider_indexer_head():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     from tpaudit.evidence import shrink_config
+
+    if "hy_v4_vl_text" not in CONFIG_MAPPING:
+        pytest.skip("hy_v4_vl_text arrived in transformers 5.24")
 
     config_cls, real = _text_dict("hy_v4_vl_text")
     small, _ = shrink_config(real, 4)
