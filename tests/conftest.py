@@ -157,8 +157,13 @@ def run_main(*args: str) -> subprocess.CompletedProcess:
     import contextlib
     import io
 
+    from huggingface_hub.utils import close_session
+
     from tpaudit.cli.app import main
 
+    # a console-script run starts with no pooled HTTP connection: one an earlier in-process run left to a loopback
+    # server that has since gone (another test's) must not answer for this one
+    close_session()
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(args))
