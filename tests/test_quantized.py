@@ -347,3 +347,58 @@ def test_pieces_read_alike_give_the_load_of_the_piece_by_piece_loop(name, tp, ep
         one_by_one = load.simulate_load(built, shard_map)
     assert alike == one_by_one
     assert alike.families and any(r for r in alike.rank_stored_bytes)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the load stage's shortcuts give what the plain run gives
+# ----------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits, tp, ep", [(4, 4, 4), (3, 4, 4), (4, 2, 1), (4, 4, 1), (4, 1, 1)])
+def test_one_piece_on_zeros_gives_the_load_of_two(ct_moe, bits, tp, ep):
+    # where the operations run on zeros of the real size (some piece carries `weight_shape` values), they run on one
+    # piece per pattern (`KEEP_DATA`): the load section, failures and rebuilt input sizes included, must be the one
+    # two pieces per pattern give
+    from unittest import mock
+
+    from tpaudit.model import ParallelSizes
+    from tpaudit.plan import resolve_plan
+    from tpaudit.run.pipeline import Audit
+    from tpaudit.shard import load, simulate
+
+    built = Audit.open(str(ct_moe[bits])).built
+    shard_map = simulate(built, resolve_plan(built, ParallelSizes.of(tp, ep), None))
+    one = load.simulate_load(built, shard_map)
+    with mock.patch.object(load, "KEEP_DATA", 2):
+        two = load.simulate_load(built, shard_map)
+    assert one == two
+    experts = [f for f in one.families if ".mlp.experts." in f.name]
+    assert experts and all(f.decompressed for f in experts)
+
+
+def test_options_of_one_model_share_the_load_stage(ct_moe):
+    # every option of one built model shares the load stage's work that no placement changes (`LoadMemo`): the
+    # converter runs once per distinct input (what it sees: each piece's shape, dtype and metadata values), so a
+    # second report of the same option runs it no more, and each report is the one a fresh build gives
+    from unittest import mock
+
+    from tpaudit.compat import backend
+    from tpaudit.model import ParallelSizes
+    from tpaudit.run.pipeline import Audit
+
+    tf = type(backend())
+    real = tf.load_convert
+    calls = []
+
+    def counted(self, renamer, pattern, target, collected, model):
+        calls.append(target)
+        return real(self, renamer, pattern, target, collected, model)
+
+    shared = Audit.open(str(ct_moe[4]))
+    with mock.patch.object(tf, "load_convert", counted):
+        first = shared.report(ParallelSizes.of(4, 4), parity="off")
+        ran = len(calls)
+        again = shared.report(ParallelSizes.of(4, 4), parity="off")
+        assert len(calls) == ran > 0
+        other = shared.report(ParallelSizes.of(2, 1), parity="off")
+    assert again == first
+    assert other == Audit.open(str(ct_moe[4])).report(ParallelSizes.of(2, 1), parity="off")
+    assert first == Audit.open(str(ct_moe[4])).report(ParallelSizes.of(4, 4), parity="off")

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..metamodel import BuildOptions, BuiltModel, build_model
 from ..checks.registry import CheckContext, CheckOptions, counts_replicated, get_rule, run_checks
 from ..evidence import gather as gather_evidence
-from ..shard.load import decompression_note, first_forward_note, simulate_load
+from ..shard.load import LoadMemo, decompression_note, first_forward_note, simulate_load
 from ..model import (SEVERITY_ORDER, Finding, Location, ModelSource, ParallelSizes, ReplicatedFamily, Report,
                      total_bytes, why_unsharded)
 from ..plan import ResolvedPlan, resolve_plan
@@ -71,6 +71,8 @@ class Audit:
         self.source = source
         self.options = options or BuildOptions()
         self.built: BuiltModel = build_model(source, self.options)
+        # the load stage's work that no placement changes, shared by every option of this model (`shard.load`)
+        self._load_memo = LoadMemo()
 
     @classmethod
     def open(cls, ref: str, options: BuildOptions | None = None, *, revision: str | None = None,
@@ -144,7 +146,7 @@ class Audit:
         shard_map = simulate(built, resolved)
         if proposed is None:
             proposed = plan is not None or self.options.plan_override is not None
-        load = simulate_load(built, shard_map)
+        load = simulate_load(built, shard_map, self._load_memo)
         evidence = gather_evidence(built, resolved, shard_map, parity, proposed=proposed)
         ctx = CheckContext(built=built, plan=resolved, shard_map=shard_map, options=options, parity=evidence,
                            load=load)

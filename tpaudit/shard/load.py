@@ -10,8 +10,11 @@ transformers' own code for every rank (`compat.backend().load_reader` / `load_co
 - on meta tensors where no operation reads values, else on small CPU tensors of zeros that carry the real values of
   the metadata an operation reads (a compressed-tensors `weight_shape` is the logical `[out, in]` of its weight);
 - once per family of parameters with the same shapes, placements and sources (the layers of a model repeat), and on
-  at most `KEEP` pieces per source pattern (the operations treat every expert alike; the count of pieces a rank keeps
-  is checked against the parameter's local shape apart).
+  at most `KEEP` pieces per source pattern, one (`KEEP_DATA`) where the operations run on zeros of the real size (the
+  operations treat every expert alike; the count of pieces a rank keeps is checked against the parameter's local
+  shape apart);
+- once per distinct input for every option of one built model (`LoadMemo`: `size`'s tp sizes, the re-check of a
+  fix's `--ep N`, `--suggest`'s rounds): the converter sees only the pieces, so alike pieces give alike results.
 
 It yields, per rank, the checkpoint bytes the rank reads (`rank_stored_bytes`) beside the bytes it holds, which
 differ where the quantizer decompresses while loading (Kimi-K2.5's int4 experts become bfloat16); and `LoadIssue`s
@@ -19,7 +22,7 @@ where a step raises (the load fails), where the converted shard does not have th
 metadata an operation reads arrives empty or partial on some rank. Plain renames (one stored tensor per parameter,
 no operation) read exactly the parameter's local shard, in the stored dtype.
 
-Source: transformers 5.23/5.24 `core_model_loading.convert_and_load_state_dict_in_model`,
+Source: transformers 5.23-5.25 `core_model_loading.convert_and_load_state_dict_in_model`,
 `distributed/sharding_utils.DtensorShardOperation`, `integrations/compressed_tensors.CompressedTensorsDequantize`.
 """
 
@@ -36,22 +39,50 @@ from ..model import SAFETENSORS_DTYPE_BITS, LoadFamily, LoadIssue, LoadSection, 
 
 KEEP = 2
 """Pieces per source pattern the converter's operations run on (every expert is converted alike)."""
+KEEP_DATA = 1
+"""The same where the pieces are zeros of the real size, not meta tensors (some piece carries values the operations
+read: a compressed-tensors `weight_shape`). That operation (`CompressedTensorsDequantize`) converts the experts one by
+one, each alike, into a buffer of one row per expert, so one piece per pattern shows what every piece becomes; a second
+would double the time and the memory of the largest step of the stage (Kimi-K2.5's int4 experts held whole at tp 8:
+two bfloat16 experts of `gate_up_proj` are 112 MiB before their concatenation)."""
 MAX_DATA_ELEMENTS = 1 << 26
 """Above this many elements in one rank's pieces, operations that read values are not run here (memory)."""
 
 
-def simulate_load(built, shard_map: ShardMap) -> LoadSection | None:
+@dataclass
+class LoadMemo:
+    """What the load stage works out once per built model and reuses for each of its options (tp/ep sizes, plans):
+    nothing in it depends on the placements.
+
+    Attributes:
+        sources (`dict[str, _Sources]`): parameter name -> the checkpoint tensors its family loads from.
+        signatures (`dict[str, tuple]`): parameter name -> the stored shapes and dtypes of its sources (`_family_key`).
+        first_forward (`list`): `[what compressed-tensors' decompression hook leaves]` once computed, else empty.
+        converted (`dict[tuple, tuple]`): the converter's outcome per distinct input (`_convert_key`): `("ran",
+            {output key: shape})` or `("raises", LoadStepError)`.
+    """
+
+    sources: dict = field(default_factory=dict)
+    signatures: dict = field(default_factory=dict)
+    first_forward: list = field(default_factory=list)
+    converted: dict = field(default_factory=dict)
+
+
+def simulate_load(built, shard_map: ShardMap, memo: LoadMemo | None = None) -> LoadSection | None:
     """Run transformers' shard-on-read and converter operations for every rank; `None` for a config-only source.
 
     Args:
         built (`BuiltModel`): with its checkpoint mapping (`built.mapping`).
         shard_map (`ShardMap`): the parameters and their placements for one (tp_size, ep_size).
+        memo (`LoadMemo`, *optional*): shared by every option of `built` (`run.pipeline.Audit` holds one); a fresh
+            one when omitted.
 
     Returns:
         `LoadSection`: bytes each rank reads (stored dtypes) and holds, the converted families, the issues.
     """
     tf = backend()
-    first_forward = _first_forward_bytes(tf, built, shard_map)
+    memo = memo if memo is not None else LoadMemo()
+    first_forward = _first_forward_bytes(tf, built, shard_map, memo)
     mapping = built.mapping
     if mapping is None:
         if first_forward is None:
@@ -66,7 +97,7 @@ def simulate_load(built, shard_map: ShardMap) -> LoadSection | None:
             continue
         sources = mapping.sources.get(p.name)
         if sources:
-            families[_family_key(p, sources, shard_map)].append(p)
+            families[_family_key(p, sources, shard_map, memo)].append(p)
             continue
         tensor = _stored_tensor(p.name, mapping)
         if tensor is None:
@@ -75,23 +106,35 @@ def simulate_load(built, shard_map: ShardMap) -> LoadSection | None:
         for r in range(world):
             stored[r] += math.prod(p.local_shapes[r]) * bits // 8
     out_families, issues = [], []
+    on_data = _runs_on_data(memo)
     for members in families.values():
-        family, found = _simulate_family(tf, built, members, mapping, shard_map)
+        family, found = _simulate_family(tf, built, members, mapping, shard_map, memo)
         out_families.append(family)
         issues.extend(found)
         for r in range(world):
             stored[r] += family.rank_stored_bytes[r]
+    if _runs_on_data(memo) > on_data:
+        from .._process import trim_heap
+
+        trim_heap()  # operations ran on zeros of real size: hand their freed heap back before the next option
     return LoadSection(rank_stored_bytes=tuple(stored), rank_resident_bytes=tuple(shard_map.rank_param_bytes),
                        families=tuple(out_families), issues=tuple(issues), rank_first_forward_bytes=first_forward)
 
 
-def _first_forward_bytes(tf, built, shard_map: ShardMap) -> tuple[int, ...] | None:
+def _runs_on_data(memo: LoadMemo) -> int:
+    """How many distinct inputs the operations ran on as tensors of zeros (`_convert_key`'s third item)."""
+    return sum(1 for key in memo.converted if key[2])
+
+
+def _first_forward_bytes(tf, built, shard_map: ShardMap, memo: LoadMemo) -> tuple[int, ...] | None:
     """Per-rank parameter bytes after compressed-tensors decompresses every compressed module in place on the first
     forward pass (`None` when the model has no such hook): each compressed module's parameters are replaced by what
     compressed-tensors' own `decompress_module` leaves (see `compat.loading.decompressed_on_first_forward`); a new
     parameter (the decompressed `weight`) is split by the placements of the quantized weight it replaces, one that
     stays (`weight_scale`) keeps its own shards."""
-    after = tf.decompressed_on_first_forward(built.model)
+    if not memo.first_forward:
+        memo.first_forward.append(tf.decompressed_on_first_forward(built.model))
+    after = memo.first_forward[0]
     if after is None:
         return None
     import torch
@@ -139,9 +182,11 @@ def _mesh_size(p: ParamShard, shard_map: ShardMap) -> int:
 _SHAPE_AND_DTYPE = itemgetter(2, 1)  # `(t.shape, t.dtype)` of a CheckpointTensor, at C speed
 
 
-def _family_key(p: ParamShard, sources: dict, shard_map: ShardMap) -> tuple:
-    signature = tuple((pattern, len(ts), tuple(sorted(set(map(_SHAPE_AND_DTYPE, ts)))))
-                      for pattern, ts in sources.items())
+def _family_key(p: ParamShard, sources: dict, shard_map: ShardMap, memo: LoadMemo) -> tuple:
+    signature = memo.signatures.get(p.name)
+    if signature is None:
+        signature = memo.signatures[p.name] = tuple((pattern, len(ts), tuple(sorted(set(map(_SHAPE_AND_DTYPE, ts)))))
+                                                    for pattern, ts in sources.items())
     return p.generic_name, p.global_shape, p.placements, _mesh_size(p, shard_map), signature
 
 
@@ -151,20 +196,20 @@ def _alike_patterns(specs: dict[str, list]) -> set[str]:
             if len({(spec.shape, spec.dtype) for spec in ss}) == 1 and all(spec.values is None for spec in ss)}
 
 
-def _read_alike(reader, specs: list, torch_dtype) -> tuple[int, list, int, tuple | None]:
+def _read_alike(reader, specs: list, torch_dtype, keep: int = KEEP) -> tuple[int, list, int, tuple | None]:
     """Shard-on-read of pieces that all have one stored shape and dtype and carry no values, as the loop over them one
     by one in `_read_rank` reads them, with one `shard_tensor` call per kind of piece (owned by this rank or
     not) instead of one per piece.
 
     Returns:
-        `(pieces read, the first KEEP of them as (spec, local shape), bytes read, (error, position) of the first
+        `(pieces read, the first `keep` of them as (spec, local shape), bytes read, (error, position) of the first
         piece whose read raises or None)`.
     """
     first = specs[0]
     bits = SAFETENSORS_DTYPE_BITS.get(first.dtype, 8)
     if reader is None:
         shape = first.shape
-        return len(specs), [(spec, shape) for spec in specs[:KEEP]], \
+        return len(specs), [(spec, shape) for spec in specs[:keep]], \
             len(specs) * (math.prod(shape) * bits // 8), None
     kinds = reader.owned_flags([spec.tensor_idx for spec in specs])
     outcome: dict[bool, tuple[int, ...] | LoadStepError | None] = {}
@@ -189,7 +234,7 @@ def _read_alike(reader, specs: list, torch_dtype) -> tuple[int, list, int, tuple
         shape = outcome[kind]
         if shape is not None and not isinstance(shape, LoadStepError):
             kept.append((spec, shape))
-            if len(kept) == KEEP:
+            if len(kept) == keep:
                 break
     return read, kept, bytes_read, failed
 
@@ -232,6 +277,11 @@ class _Sources:
     data: bool
     first_pattern: str
 
+    @property
+    def keep(self) -> int:
+        """Pieces per pattern the operations run on: `KEEP_DATA` on zeros of the real size, else `KEEP`."""
+        return KEEP_DATA if self.data else KEEP
+
     @classmethod
     def of(cls, tf, built, rep: ParamShard, mapping) -> "_Sources":
         from ..compat.loading import natural_key
@@ -250,7 +300,7 @@ class _Sources:
 
 @dataclass
 class _RankRead:
-    """What shard-on-read gives one rank: pieces read per pattern (`counts`), the first `KEEP` of each (`pieces`),
+    """What shard-on-read gives one rank: pieces read per pattern (`counts`), the first `_Sources.keep` of each (`pieces`),
     their elements (`size`), the checkpoint bytes read (`stored`) and the first read that raised (`error`: the
     `LoadStepError` and the generic name of its tensor)."""
 
@@ -261,7 +311,7 @@ class _RankRead:
     error: tuple | None = None
 
 
-def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: ShardMap) \
+def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: ShardMap, memo: LoadMemo) \
         -> tuple[LoadFamily, list[LoadIssue]]:
     """One family of parameters alike (same shapes, placements and sources): on every rank, read its sources sharded
     (`_read_rank`), then run the converter's operations on the pieces (`_convert_rank`); the issues found and the
@@ -270,7 +320,9 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
     world = shard_map.world_size
     mesh = _mesh_size(rep, shard_map)
     renamer = mapping.renamer
-    src = _Sources.of(tf, built, rep, mapping)
+    src = memo.sources.get(rep.name)
+    if src is None:
+        src = memo.sources[rep.name] = _Sources.of(tf, built, rep, mapping)
     operations = tf.converter_operations(renamer, src.first_pattern)
     why_not = None
     if src.first_pattern in renamer.quantizer_ops and built.quantization is not None and built.quantization.gpu_view:
@@ -278,7 +330,6 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
                    "shard-on-read was simulated, the operations were not")
     stored = [0] * world
     results: dict[int, tuple] = {}  # rank -> (kind, detail, extra) of what happened (`_issues`)
-    converted: dict[tuple, tuple] = {}  # the operations' result per distinct input (ranks often get alike pieces)
     lost_by_pattern: dict[str, list[tuple[int, tuple[int, ...]]]] = defaultdict(list)
     rebuilt: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (rank, rebuilt in_features, true)
     simulated, reason = True, None
@@ -298,9 +349,10 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
             simulated, reason = False, (f"the operations read values, and one rank's pieces hold {read.size:,} "
                                         "elements: not run here")
         else:
-            results[r] = _convert_rank(tf, renamer, src, rep.name, built.model, reader, read, converted)
+            results[r] = _convert_rank(tf, renamer, src, rep.name, built.model, reader, read, memo.converted)
 
-    issues = _issues(rep, results, lost_by_pattern, rebuilt, src.ordered, shard_map, " -> ".join(operations))
+    issues = _issues(rep, results, lost_by_pattern, rebuilt, src.ordered, shard_map, " -> ".join(operations),
+                     src.keep)
     # decompressed: the quantizer's dequantize operation runs on tensors stored in a quantized dtype (integer words,
     # float8/float4); a float tensor passing through the same generic converter (an embedding) is only cast
     decompressed = src.first_pattern in renamer.dequantizing and any(
@@ -323,7 +375,7 @@ def _read_rank(tf, renamer, src: _Sources, reader, rank: int, lost_by_pattern: d
     out = _RankRead()
     for pattern, ss in src.specs.items():
         if pattern in src.uniform:  # every piece alike: one read per kind of piece, counted (Kimi-K2.5: 384 experts)
-            n, kept, bytes_read, failed = _read_alike(reader, ss, src.dtypes[ss[0].dtype])
+            n, kept, bytes_read, failed = _read_alike(reader, ss, src.dtypes[ss[0].dtype], src.keep)
             out.stored += bytes_read
             if failed is not None and out.error is None:
                 out.error = (failed[0], generic_name(src.ordered[pattern][failed[1]].name))
@@ -350,7 +402,7 @@ def _read_rank(tf, renamer, src: _Sources, reader, rank: int, lost_by_pattern: d
                     if math.prod(shape) == 0:
                         rebuilt[pattern].append(_rebuilt(tf, renamer, pattern, spec, src.ordered, src.by_name, reader,
                                                          src.dtypes, rank))
-            if len(kept) < KEEP:
+            if len(kept) < src.keep:
                 kept.append(spec)
                 out.size += math.prod(shape)
         out.counts[pattern] = n
@@ -361,24 +413,58 @@ def _read_rank(tf, renamer, src: _Sources, reader, rank: int, lost_by_pattern: d
 def _convert_rank(tf, renamer, src: _Sources, param_name: str, model, reader, read: _RankRead,
                   converted: dict) -> tuple:
     """The converter's operations on one rank's pieces, with transformers' own code: `("ran", {output key: shape},
-    counts)` or `("raises", LoadStepError, None)`. `converted` memoizes the result per distinct input."""
+    counts)` or `("raises", LoadStepError, None)`. `converted` (`LoadMemo.converted`, shared by every option of the
+    model) holds the outcome per distinct input (`_convert_key`): the pieces are built, and the operations run, only
+    for an input not seen before."""
     try:
-        collected = {pattern: [t for t in (reader.materialize(s, src.dtypes[s.dtype], src.data) if reader is not None
-                                           else _whole(s, src.dtypes[s.dtype], src.data) for s in kept)
-                               if t is not None]
-                     for pattern, kept in read.pieces.items()}
-        key = (tuple((p, tuple(_signature(t) for t in ts)) for p, ts in collected.items()), tuple(read.counts.items()))
+        key = _convert_key(src, param_name, reader, read)
         if key not in converted:
+            collected = {pattern: [t for t in (_piece(reader, s, src.dtypes[s.dtype], src.data) for s in kept)
+                                   if t is not None]
+                         for pattern, kept in read.pieces.items()}
             try:
                 converted[key] = ("ran", tf.load_convert(renamer, src.first_pattern, param_name, collected, model))
             except LoadStepError as e:
                 converted[key] = ("raises", e)
+            del collected
         kind, value = converted[key]
         if kind == "raises":
             raise value
     except LoadStepError as e:
         return ("raises", e, None)
     return ("ran", value, read.counts)
+
+
+def _piece(reader, spec: SourceSpec, torch_dtype, data: bool):
+    """One rank's piece of `spec` as the operations get it (`RankReader.materialize`, or the whole tensor for a
+    parameter without placements); `None` where the rank drops it."""
+    return reader.materialize(spec, torch_dtype, data) if reader is not None else _whole(spec, torch_dtype, data)
+
+
+def _convert_key(src: _Sources, param_name: str, reader, read: _RankRead) -> tuple:
+    """Everything the converter's operations see of one rank's input: the converter (its first source pattern), the
+    target parameter, whether pieces carry values, and per pattern each piece's local shape, stored dtype and, for
+    metadata that carries values (a compressed-tensors `weight_shape`), the values this rank reads. Every other piece
+    is zeros or a meta tensor, so two inputs with one key give one outcome; only the small metadata pieces are built.
+
+    Raises:
+        LoadStepError: the rank's shard-on-read of a piece raises.
+    """
+    pieces = []
+    for pattern, kept in read.pieces.items():
+        signature = []
+        for spec in kept:
+            torch_dtype = src.dtypes[spec.dtype]
+            if spec.values is not None and src.data:
+                t = _piece(reader, spec, torch_dtype, True)
+                if t is not None:
+                    signature.append((tuple(t.shape), spec.dtype, tuple(t.reshape(-1).tolist())))
+                continue
+            shape = reader.local_shape(spec, torch_dtype) if reader is not None else spec.shape
+            if shape is not None:
+                signature.append((tuple(shape), spec.dtype, None))
+        pieces.append((pattern, tuple(signature)))
+    return src.first_pattern, param_name, src.data, tuple(pieces)
 
 
 def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, ordered: dict, by_name: dict, reader, dtypes, rank: int):
@@ -403,12 +489,6 @@ def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, ordered: dict, by_name
     return None if width is None else (rank, width, spec.values[-1])
 
 
-def _signature(t) -> tuple:
-    """What the operations see of one piece: shape, dtype, and the values of a small integer tensor."""
-    small = t.device.type != "meta" and t.numel() <= 8 and not t.is_floating_point()
-    return tuple(t.shape), str(t.dtype), tuple(t.reshape(-1).tolist()) if small else None
-
-
 def _whole(spec: SourceSpec, torch_dtype, data: bool):
     import torch
 
@@ -431,10 +511,11 @@ def _expected(rep: ParamShard, key: str, shard_map: ShardMap, out_keys) -> Param
 
 
 def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict, ordered: dict,
-            shard_map: ShardMap, operations: str) -> list[LoadIssue]:
+            shard_map: ShardMap, operations: str, keep: int = KEEP) -> list[LoadIssue]:
     """One family's `LoadIssue`s, ranks grouped by what went wrong: a step that raises, a converted shard whose shape
-    is not the parameter's local shape (`operations`: the converter's, for the message), metadata a rank read only
-    part of."""
+    is not the parameter's local shape (`operations`: the converter's, for the message; `keep`: the pieces per
+    pattern they ran on, so a rank that read more is compared by its count of pieces), metadata a rank read only part
+    of."""
     grouped: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     details: dict[tuple, dict] = {}
     key: tuple[Any, ...]
@@ -445,7 +526,7 @@ def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict
             grouped[key].append(r)
             continue
         out, counts = detail, extra
-        truncated = any(n > KEEP for n in counts.values())
+        truncated = any(n > keep for n in counts.values())
         first_count = next(iter(counts.values())) if counts else 0
         for key_name, shape in out.items():
             target = _expected(rep, key_name, shard_map, list(out))
