@@ -216,6 +216,25 @@ def test_the_style_vocabulary_is_the_installed_registry():
     assert styles.LAST_DIM == {n for n in styles.ROWWISE_FAMILY if n in ("rowwise", "packed_rowwise")}
 
 
+def test_the_two_style_tables_agree():
+    """`compat.logic`'s linear-style table (axis, gathered output, split factor: pinned to each style's `shard_param`
+    above) and the vocabulary's families (pinned to transformers' classes above) describe the same styles alike: every
+    colwise-family style splits the output axis, every rowwise-family style the input axis, exactly the gathered ones
+    gather. The unit styles of 5.25 are in the table but in no family (their classes are neither `ColwiseParallel` nor
+    `RowwiseParallel`: each rank keeps whole heads)."""
+    from tpaudit.compat.logic import linear_styles, style_axis, style_gathers_output
+    from tpaudit.compat.styles import vocabulary
+
+    styles = vocabulary()
+    table = set(linear_styles())
+    assert styles.COLWISE_FAMILY | styles.ROWWISE_FAMILY <= table
+    assert table <= styles.REGISTERED | {"unit_colwise", "unit_rowwise"}
+    assert all(style_axis(s) == "out" for s in styles.COLWISE_FAMILY)
+    assert all(style_axis(s) == "in" for s in styles.ROWWISE_FAMILY)
+    assert {s for s in table if style_gathers_output(s)} == styles.GATHERED_OUTPUT
+    assert table - styles.COLWISE_FAMILY - styles.ROWWISE_FAMILY == {"unit_colwise", "unit_rowwise"}
+
+
 _SHARD_CASES = [  # (parameter shape, placement, checkpoint tensor shape, tensor_idx)
     ((4, 96, 64), ("strided_shard", 1, 2), (48, 64), 1),     # per-expert piece of packed_colwise fused experts
     ((4, 96, 64), ("strided_shard", 1, 2), (4, 64, 96), None),  # a stored [E, H, 2I] tensor, sliced before Transpose
