@@ -217,6 +217,68 @@ def test_fix_text_when_no_alternative_is_clean_names_what_remains():
         "included: 0 errors)")
 
 
+def test_metadata_fixes_are_judged_by_the_plan_that_holds_them_all():
+    from tpaudit.model import Finding, FixOption
+    from tpaudit.run.fixes import Recheck, together_text
+
+    def finding(target):
+        o = FixOption(f"Add rule `{target}: replicate`", 4, plan_edits=((target, "replicate"),), together=True)
+        return Finding("TPA201", "quant_metadata_sharded", "error", target, "m", fix="old", fix_options=(o,),
+                       fix_fallback="Keep it whole another way")
+
+    f = finding("a.weight_shape")
+    group = ("TPA201 a.weight_shape", "TPA201 b.weight_shape")
+    before = set(group) | {"TPA102 num_key_value_heads"}
+    merged = FixOption("Add the 2 rule(s) together", 4, together=True)
+    text, offered = together_text(f, Recheck(merged, 0, ()), group, before)
+    assert offered and text == ("Add rule `a.weight_shape: replicate`, with the 1 other metadata rule(s) this report "
+                                "proposes (re-checked together with the whole check, load stage included: 0 errors)")
+    # the plan clears both and adds nothing: the report's own other error remains, named
+    text, offered = together_text(f, Recheck(merged, 1, ("TPA102 num_key_value_heads",)), group, before)
+    assert offered and text.endswith("clears all 2 findings and adds no error; 1 other error(s) remain: TPA102 "
+                                     "num_key_value_heads)")
+    # a finding of the group left, or an error the report did not have: not offered, and what is left is named
+    for left in ("TPA201 b.weight_shape", "TPA304 model.layers.*.mlp.down_proj"):
+        text, offered = together_text(f, Recheck(merged, 1, ("TPA102 num_key_value_heads", left)), group, before)
+        assert not offered and text == (
+            "No re-checked alternative is clean: Add rule `a.weight_shape: replicate`, with the 1 other metadata "
+            f"rule(s) this report proposes leaves 2 error(s) ({left}). Keep it whole another way")
+    # one finding alone
+    text, offered = together_text(f, Recheck(merged, 1, ("TPA102 num_key_value_heads",)), group[:1], before)
+    assert offered and text.startswith("Add rule `a.weight_shape: replicate` (re-checked with the whole check, load "
+                                       "stage included: clears this finding and adds no error; 1 other")
+
+
+W8A16 = str(FIXTURES / "llama-3.1-70b-w8a16.snapshot.json.gz")
+
+
+def test_metadata_replicate_fixes_load_when_applied_as_shown(tmp_path):
+    """Llama-3.1-70B W8A16 (compressed-tensors pack-quantized, per-channel scales) at tp 4 with the shipped Llama plan:
+    every quantized Linear's `weight_shape` (7 per layer: q, k, v, o, gate, up, down) is split (TPA201) and the
+    `[out, 1]` scales of the two rowwise Linears (o_proj, down_proj) are split on their axis of size 1 (TPA203). Each
+    fix names its own `replicate` rule and says the plan with all nine re-checks clean; applying those nine rules to
+    transformers' own LlamaConfig plan as a `--plan` indeed gives exit 0."""
+    from transformers import LlamaConfig
+
+    code, report = check_json(W8A16, "--tp", "4")
+    assert code == 1
+    linears = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+    shapes = {f"layers.*.{block}.{name}.weight_shape" for block, names in linears.items() for name in names}
+    scales = {"layers.*.self_attn.o_proj.weight_scale", "layers.*.mlp.down_proj.weight_scale"}
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert {f["target"] for f in errors} == {"model." + k for k in shapes | scales}
+    for f in errors:
+        key = f["target"].removeprefix("model.")
+        assert f["fix"] == (f"Add rule `{key}: replicate`, with the 8 other metadata rule(s) this report proposes "
+                            "(re-checked together with the whole check, load stage included: 0 errors)")
+        assert f["verified"]["together"] == 9 and f["verified"]["clears"] and f["verified"]["exit_code"] == 0
+        assert dict(f["verified"]["alternatives"][0]["plan_edits"]) == {k: "replicate" for k in shapes | scales}
+    plan = dict(LlamaConfig.base_model_tp_plan) | {k: "replicate" for k in shapes | scales}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    fixed_code, fixed = check_json(W8A16, "--tp", "4", "--plan", str(tmp_path / "plan.json"))
+    assert fixed_code == 0 and errors_of(fixed) == []
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 4. --suggest proposes the configuration that works
 # ----------------------------------------------------------------------------------------------------------------------

@@ -79,11 +79,25 @@ def check_quant_metadata_sharded(ctx: CheckContext) -> Iterable[Finding]:
             code="TPA201", kind="quant_metadata_sharded", severity="error", target=generic,
             message=f"`{generic}` {why} (rule `{p.rule}: {p.style}`)",
             fix=f"Add rule `{ctx.relative_key(generic)}: {REPLICATE}`",
+            fix_options=_keep_whole(ctx, generic), fix_fallback=_KEEP_WHOLE_FALLBACK,
             facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape),
                    "local_shapes": [list(s) for s in p.local_shapes]},
             subject=FindingSubject(rule_key=ctx.relative_key(generic), key_kind="parameter",
                                    families=(generic,)))
     yield from _lost_on_load(ctx, scheme)
+
+
+_KEEP_WHOLE_FALLBACK = ("Keep the quantization metadata whole on every rank another way: the quantizer's "
+                        "`update_parallel_plan`, or a checkpoint stored without it")
+
+
+def _keep_whole(ctx: CheckContext, generic: str) -> tuple[FixOption, ...]:
+    """The `replicate` rule for one metadata parameter, re-checked together with the report's other such rules (see
+    `FixOption.together`)."""
+    key = ctx.relative_key(generic)
+    sizes = ctx.shard_map
+    return (FixOption(label=f"Add rule `{key}: {REPLICATE}`", tp_size=sizes.tp_size, ep_size=sizes.ep_size,
+                      plan_edits=((key, REPLICATE),), together=True),)
 
 
 def _lost_on_load(ctx: CheckContext, scheme) -> Iterable[Finding]:
@@ -211,6 +225,7 @@ def check_quant_scale_split(ctx: CheckContext) -> Iterable[Finding]:
                          f"scale next to a {list(weight.local_shapes[empty[0]])} `{weight.name.rpartition('.')[2]}` "
                          f"shard, which {'it' if len(empty) == 1 else 'they'} cannot dequantize"),
                 fix=f"Add rule `{ctx.relative_key(p.generic_name)}: {REPLICATE}`",
+                fix_options=_keep_whole(ctx, p.generic_name), fix_fallback=_KEEP_WHOLE_FALLBACK,
                 subject=FindingSubject(rule_key=ctx.relative_key(p.generic_name), key_kind="parameter",
                                        families=(p.generic_name,)),
                 facts={"rule": p.rule, "style": p.style, "shape": list(p.global_shape), "axis": p.shard_dim,

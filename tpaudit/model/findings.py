@@ -64,12 +64,17 @@ class FixOption:
         tp_size (`int`), ep_size (`int`): the sizes to re-check.
         plan_edits (`tuple[tuple[str, str | None], ...]`): edits of the `base_model_tp_plan` in force (relative keys;
             a `None` style drops the rule); empty for a sizes-only alternative.
+        together (`bool`): the edit clears this finding alone and the report holds others of its kind (each keeps one
+            piece of quantization metadata whole, TPA201/TPA203): the run stage re-checks every such edit of one
+            (tp, ep) as one plan, the way a user applies them, and judges each finding by whether that plan clears
+            it and adds no error.
     """
 
     label: str
     tp_size: int
     ep_size: int = 1
     plan_edits: tuple[tuple[str, str | None], ...] = ()
+    together: bool = False
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,37 @@ def fix_text(finding: Finding, results: list[Recheck]) -> str:
     return f"No re-checked alternative is clean: {left}.{rest}"
 
 
+def together_text(finding: Finding, result: Recheck, group: tuple[str, ...], before: set[str]) -> tuple[str, bool]:
+    """The fix as shown for a finding whose edit was re-checked with the report's other edits of its kind
+    (`FixOption.together`): `result` is that one re-check, `group` the `CODE target` of every finding it covers,
+    `before` the `CODE target` of the report's errors. Returns `(text, offered)`: offered when the plan clears every
+    finding of the group and adds no error (the report's other errors may remain, and are named)."""
+    option = finding.fix_options[0]
+    others = len(group) - 1
+    with_others = f", with the {others} other metadata rule(s) this report proposes" if others else ""
+    whom = f"all {len(group)} findings" if others else "this finding"
+    if result.clean:
+        return (f"{option.label}{with_others} (re-checked {'together ' if others else ''}with the whole check, load "
+                "stage included: 0 errors)"), True
+    kept = [e for e in result.errors if e in group]
+    new = [e for e in result.errors if e not in before]
+    if result.exit_code == 1 and not kept and not new:
+        return (f"{option.label}{with_others} (re-checked {'together ' if others else ''}with the whole check, load "
+                f"stage included: clears {whom} and adds no error; {len(result.errors)} other error(s) remain: "
+                f"{_remaining(result.errors)})"), True
+    label = f"{option.label}{with_others}"
+    left = (f"{label} leaves {len(result.errors)} error(s) ({_remaining(tuple(kept + new) or result.errors)})"
+            if result.exit_code == 1 else f"{label} leaves a refusal ({_remaining(result.errors)})")
+    rest = f" {finding.fix_fallback}" if finding.fix_fallback else ""
+    return f"No re-checked alternative is clean: {left}.{rest}", False
+
+
 def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_overrides=None, parity: str = "auto"):
     """`report` with every finding that proposes concrete alternatives (`fix_options`) re-checked: each alternative
     is one `Audit.report` on the same built model (a tp/ep size, the plan in force with the edits), the fix text
     keeps the clean ones (or says none is, with what remains), and `verified` records the re-checks. Alternatives
-    shared by several findings are simulated once.
+    shared by several findings are simulated once. Edits marked `together` (one piece of quantization metadata kept
+    whole each) are re-checked as one plan per (tp, ep) with all of them (`together_text`).
 
     Args:
         audit (`Audit`): the pipeline that produced `report`.
@@ -106,18 +132,41 @@ def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_over
         memo[key] = Recheck(option, 1 if errors else 0, errors)
         return memo[key]
 
+    # the edits re-checked together: one plan per (tp, ep) with every such edit of the report, in report order
+    groups: dict[tuple[int, int], list[Finding]] = {}
+    for f in report.findings:
+        if f.fix_options and f.fix_options[0].together:
+            o = f.fix_options[0]
+            groups.setdefault((o.tp_size, o.ep_size), []).append(f)
+    merged: dict[tuple[int, int], FixOption] = {}
+    for (tp, ep), members in groups.items():
+        edits = tuple(dict.fromkeys(e for f in members for e in f.fix_options[0].plan_edits))
+        merged[(tp, ep)] = FixOption(label=f"Add the {len(edits)} rule(s) together", tp_size=tp, ep_size=ep,
+                                     plan_edits=edits, together=True)
+    before = {f"{f.code} {f.target}" for f in report.findings if f.severity == "error"}
+
     findings = []
     for f in report.findings:
         if not f.fix_options:
             findings.append(f)
             continue
+        if f.fix_options[0].together:
+            o = f.fix_options[0]
+            result = recheck(merged[(o.tp_size, o.ep_size)])
+            group = tuple(f"{g.code} {g.target}" for g in groups[(o.tp_size, o.ep_size)])
+            text, offered = together_text(f, result, group, before)
+            cleared = offered or result.clean
+            verified = {"exit_code": result.exit_code, "errors": len(result.errors), "together": len(group),
+                        "clears": cleared, "alternatives": [result.to_json()]}
+            findings.append(dataclasses.replace(f, fix=text, verified=verified))
+            continue
         results = [recheck(o) for o in f.fix_options]
-        offered = next((r for r in results if r.clean), None) or min(results, key=lambda r: (r.exit_code != 1,
-                                                                                             len(r.errors)))
-        verified = {"exit_code": offered.exit_code, "errors": len(offered.errors),
+        offered_r = next((r for r in results if r.clean), None) or min(results, key=lambda r: (r.exit_code != 1,
+                                                                                               len(r.errors)))
+        verified = {"exit_code": offered_r.exit_code, "errors": len(offered_r.errors),
                     "alternatives": [r.to_json() for r in results]}
         findings.append(dataclasses.replace(f, fix=fix_text(f, results), verified=verified))
     return dataclasses.replace(report, findings=tuple(findings))
 
 
-__all__ = ["Recheck", "fix_text", "verify_fixes"]
+__all__ = ["Recheck", "fix_text", "together_text", "verify_fixes"]
