@@ -1,6 +1,6 @@
 """The first hour of a new user, README only: a memory size without a unit, `--help` at 80 columns, `check -o`, a
 `tpaudit/` folder shadowing the installed package, `--params all`'s totals, the width of piped output, `size`'s title
-and `verify`'s progress. Expected values come from the inputs (the examples the commands declare, the shapes of the
+and `verify`'s progress, and `--width`. Expected values come from the inputs (the examples the commands declare, the shapes of the
 model), never from tpaudit's output."""
 
 from __future__ import annotations
@@ -110,6 +110,23 @@ def test_piped_output_fits_a_ci_log(monkeypatch):
     assert max(len(line) for line in proc.stdout.splitlines()) == 120
     narrow = run_env("check", QWEN3_VL, "--tp", "4", env={"COLUMNS": "100"})
     assert max(len(line) for line in narrow.stdout.splitlines()) <= 100
+
+
+def test_width_option_sets_the_columns_over_columns_and_pipes(monkeypatch, tmp_path):
+    """`--width N`: the terminal report is N columns in a pipe, over `COLUMNS`, and in an `-o` file; outside 20-4,000
+    it is refused in one line with exit 2."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    proc = run_main("check", QWEN3_VL, "--tp", "4", "--width", "100")
+    assert max(len(line) for line in proc.stdout.splitlines()) == 100
+    over = run_env("check", QWEN3_VL, "--tp", "4", "--width", "90", env={"COLUMNS": "200"})
+    assert max(len(line) for line in over.stdout.splitlines()) == 90
+    out = tmp_path / "size.txt"
+    assert run_main("size", QWEN3_VL, "--gpu", "H100-80GB", "--width", "200", "-o", str(out)).returncode == 0
+    assert max(len(line) for line in out.read_text(encoding="utf-8").splitlines()) == 200
+    for bad in ("10", "5000", "wide"):
+        refused = run_main("check", QWEN3_VL, "--tp", "4", "--width", bad)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+        assert "--width" in refused.stderr
 
 
 def test_size_title_wraps_at_separators():

@@ -58,5 +58,8 @@ PlanOpt = Annotated[Optional[str], typer.Option(
                    "base_model_tp_plan (keys relative to the base model, as in configuration_*.py).")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="Write the report to this file instead of "
                                                                          "stdout.")]
+WidthOpt = Annotated[Optional[int], typer.Option(
+    "--width", min=20, max=4000, help="Columns of the terminal report (tables wrap to it): default the terminal's, 120 "
+                                      "in a pipe or a file, or COLUMNS.", show_default=False)]
 UnitsOpt = Annotated[Units, typer.Option("--units", help="Units for printed sizes: GiB (2^30 B) or GB (10^9 B). JSON "
                                                          "is always in bytes.")]

@@ -41,11 +41,12 @@ def stdout_console(**options):
     return _StdoutConsole(**{"markup": False, **options})
 
 
-def emit_rich(draw: Callable, output: str | None, *, width: int = 120) -> None:
+def emit_rich(draw: Callable, output: str | None, *, width: int = 120, columns: int | None = None) -> None:
     """Run `draw(console)` on a rich console for the terminal, or render it without colour into `output`.
 
     Not on a terminal (a pipe, a CI log, `-o FILE`) the console is `width` columns wide (the renderer's, 120 unless
-    it needs more), which a CI log page shows whole; the `COLUMNS` environment variable sets another width.
+    it needs more), which a CI log page shows whole; the `COLUMNS` environment variable sets another width, and
+    `columns` (`--width`) sets it everywhere, a terminal included.
 
     The console never reads rich markup (`markup=False`): renderers style with `Text` objects, so a name such as
     `x[/]y` prints as written instead of being parsed (`tpaudit/report/_inert.py`)."""
@@ -53,11 +54,11 @@ def emit_rich(draw: Callable, output: str | None, *, width: int = 120) -> None:
 
     if output is None:
         # A pipe or a CI log is no 80-column terminal: draw `width` wide unless COLUMNS says otherwise.
-        wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else width
+        wide = columns or (None if sys.stdout.isatty() or os.environ.get("COLUMNS") else width)
         draw(stdout_console(width=wide))
         return
     buffer = io.StringIO()
-    draw(Console(file=buffer, width=_columns() or width, no_color=True, markup=False))
+    draw(Console(file=buffer, width=columns or _columns() or width, no_color=True, markup=False))
     write_output(buffer.getvalue(), output)
 
 
@@ -67,8 +68,9 @@ def _columns() -> int | None:
     return int(value) if value.isdigit() and 20 <= int(value) <= 4000 else None
 
 
-def emit(command: str, fmt: str, result, output: str | None, **options) -> None:
-    """Draw `result` with the renderer registered for `command --format fmt`, to stdout or `output`.
+def emit(command: str, fmt: str, result, output: str | None, *, columns: int | None = None, **options) -> None:
+    """Draw `result` with the renderer registered for `command --format fmt`, to stdout or `output`; a terminal
+    format `columns` wide when given (`--width`, see `emit_rich`).
 
     Raises:
         UsageError: no such format for `command`, or `output` cannot be written.
@@ -77,6 +79,6 @@ def emit(command: str, fmt: str, result, output: str | None, **options) -> None:
 
     r = get(command, fmt)
     if r.rich:
-        emit_rich(lambda console: r.fn(result, console, **options), output, width=r.width)
+        emit_rich(lambda console: r.fn(result, console, **options), output, width=r.width, columns=columns)
     else:
         write_output(r.fn(result, **options), output)

@@ -11,7 +11,7 @@ from typing import Annotated, Optional, TextIO
 
 import typer
 
-from ._options import DtypeOpt, PlanOpt, TokenOpt, Units, UnitsOpt, format_option
+from ._options import DtypeOpt, PlanOpt, TokenOpt, Units, UnitsOpt, WidthOpt, format_option
 
 BATCH_EXAMPLES = [
     "tpaudit batch registry.txt --tp 4,8 --jobs 2 -o results.jsonl",
@@ -146,6 +146,7 @@ def batch(
     dtype: DtypeOpt = None,
     token: TokenOpt = None,
     units: UnitsOpt = Units.GiB,
+    width: WidthOpt = None,
 ) -> int:
     """Audit every model of LIST at every tp/ep: one JSON line each in OUT, then a summary.
 
@@ -218,7 +219,7 @@ def batch(
     comparison = core.compare(old, ordered, previous=compare) if old is not None else None
     summary = core.summarize(ordered, pairs=pairs, seconds=time.perf_counter() - start, comparison=comparison,
                              strict=strict, top=top, refused=refused)
-    emit("batch", format, summary, report, unit=units.value)
+    emit("batch", format, summary, report, unit=units.value, columns=width)
     print(f"tpaudit: wrote {len(ordered)} lines to {output}", file=sys.stderr)
     return summary.exit_code
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, FailOn, ModelArg, OutputOpt, PlanOpt, RevisionOpt, TokenOpt,
-                       TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt, format_option)
+                       TpOpt, TrustRemoteCodeOpt, Units, UnitsOpt, WidthOpt, format_option)
 from ._output import emit, write_output
 
 CHECK_EXAMPLES = [
@@ -31,6 +31,7 @@ def check(
     plan: PlanOpt = None,
     format: format_option("check") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
+    width: WidthOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     architecture: ArchitectureOpt = None,
@@ -115,7 +116,8 @@ def check(
         with_ep = (f"; run it with --ep {ep_advice['ep_size']} (expert parallelism for the routed experts)"
                    if ep_advice else "")
         print(f"tpaudit: wrote the suggested plan ({len(suggested)} rules) to {write_plan}{with_ep}", file=sys.stderr)
-    emit("check", format, report, output, unit=units.value, params="none" if quiet_params else params)
+    emit("check", format, report, output, unit=units.value, params="none" if quiet_params else params,
+         columns=width)
     if output is not None:  # the report is in the file: say so, as batch and scan do
         from ..units import plural
 

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ._options import format_option
+from ._options import WidthOpt, format_option
 
 SCAN_EXAMPLES = [
     "tpaudit scan --tp 4 --format html -o coverage.html",
@@ -23,6 +23,7 @@ def scan(
     = None,
     format: format_option("scan") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write to this file.")] = None,
+    width: WidthOpt = None,
     strict: Annotated[bool, typer.Option("--strict", help="Full scan: exit 1 when any model type has an error "
                                                           "finding.")] = False,
     parity: Annotated[bool, typer.Option(
@@ -56,7 +57,7 @@ def scan(
 
     with bypassed(no_cache):
         report = run_scan(tp_size=tp, selected=model_type or None, jobs=jobs, parity="auto" if parity else "off")
-    emit("scan", format, report, output)
+    emit("scan", format, report, output, columns=width)
     if output is not None:
         from ..units import plural
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional, cast
 import typer
 
 from ._options import (ArchitectureOpt, ModelArg, OutputOpt, PlanOpt, RevisionOpt, TokenOpt, TrustRemoteCodeOpt,
-                       Units, UnitsOpt, format_option)
+                       Units, UnitsOpt, WidthOpt, format_option)
 
 SIZE_EXAMPLES = [
     "tpaudit size Qwen/Qwen3-VL-30B-A3B-Instruct --gpu H100-80GB --context 32768",
@@ -103,6 +103,7 @@ def size(
     plan: PlanOpt = None,
     format: format_option("size") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
+    width: WidthOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     architecture: ArchitectureOpt = None,
@@ -150,7 +151,7 @@ def size(
                         kv_dtype=kv_dtype,
                         overhead=parse_overhead(overhead), plan_override=plan_override, architecture=architecture,
                         trust_remote_code=trust_remote_code, training=setup)
-    emit("size", format, report, output, unit=units.value)
+    emit("size", format, report, output, unit=units.value, columns=width)
     if output is not None:  # the report is in the file: say so, as check, batch and scan do
         best = report.recommended
         verdict = (f"recommended tp {best.tp_size}, ep {best.ep_size}" if best is not None else "nothing recommended")

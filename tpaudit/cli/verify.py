@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ._options import (ArchitectureOpt, DtypeOpt, EpOpt, ModelArg, OutputOpt, RevisionOpt, TokenOpt, TpOpt,
-                       TrustRemoteCodeOpt, Units, UnitsOpt, format_option)
+                       TrustRemoteCodeOpt, Units, UnitsOpt, WidthOpt, format_option)
 
 VerifyPlanOpt = Annotated[Optional[str], typer.Option(
     "--plan", help="Path of a JSON file holding an object of rule -> style (keys relative to the base model, as in "
@@ -39,6 +39,7 @@ def verify(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before a hung load is stopped.")] = 900,
     format: format_option("verify") = "table",  # type: ignore[valid-type]  # an `Annotated` built per command
     output: OutputOpt = None,
+    width: WidthOpt = None,
     revision: RevisionOpt = None,
     token: TokenOpt = None,
     architecture: ArchitectureOpt = None,
@@ -72,7 +73,7 @@ def verify(
         finally:
             progress.close()
         code = 0 if result.match else 1
-    emit("verify", format, result, output, unit=units.value)
+    emit("verify", format, result, output, unit=units.value, columns=width)
     return code
 
 
