@@ -129,6 +129,20 @@ def test_width_option_sets_the_columns_over_columns_and_pipes(monkeypatch, tmp_p
         assert "--width" in refused.stderr
 
 
+def test_a_table_too_wide_for_the_width_says_which_width_shows_it_whole():
+    """At 80 columns `size`'s table (11 columns of figures with units) cannot show every cell: rich shortens some
+    (`56.…`), and one line under the table names the width that shows them whole. At that width no cell is
+    shortened and the line is gone; one column less shortens a cell again (the width named is the least)."""
+    fp8 = str(FIXTURES / "llama-3.1-8b-instruct-fp8-dynamic.snapshot.json.gz")
+    narrow = run_main("size", fp8, "--gpu", "H100-80GB", "--width", "80").stdout
+    assert "…" in narrow
+    need = int(re.search(r"cells above shortened to fit 80 columns: --width (\d+) or --format markdown", narrow)[1])
+    assert 80 < need <= 200
+    whole = run_main("size", fp8, "--gpu", "H100-80GB", "--width", str(need)).stdout
+    assert "…" not in whole and "shortened" not in whole
+    assert "…" in run_main("size", fp8, "--gpu", "H100-80GB", "--width", str(need - 1)).stdout
+
+
 def test_size_title_wraps_at_separators():
     """At 80 columns the title's parts (the GPU, `context 8,192 x batch 1`, the KV dtype, the units) stay whole: each
     title line but the last ends at a " ·" separator."""

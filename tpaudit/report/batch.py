@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
+from ._fit import print_table
 from . import renderer
 from ._html import sortable_script
 from ._inert import html as esc, markdown_code as code, markdown_text, strings_in, terminal as inert
@@ -76,7 +77,7 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
         for r in summary.worst[:max_rows]:
             t.add_row(Text(inert(r.model)), str(r.tp_size), str(r.ep_size), _bytes(r.replicated_bytes, unit), _share(r),
                       _bytes(r.worst_rank_param_bytes, unit), str(r.errors), style="red" if r.errors else "")
-        console.print(t)
+        print_table(console, t)
     if summary.failed:
         t = Table(title="Could not be audited", title_justify="left", header_style="bold")
         for col in ("model", "tp", "ep", "exit", "reason"):
@@ -84,7 +85,7 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
         for r in summary.failed[:max_rows]:
             t.add_row(Text(inert(r.model)), str(r.tp_size), str(r.ep_size), str(r.exit_code), Text(inert(r.reason)),
                       style="red")
-        console.print(t)
+        print_table(console, t)
         if len(summary.failed) > max_rows:
             console.print(f"... and {len(summary.failed) - max_rows} more error lines (see OUT)")
     c = summary.comparison
@@ -100,7 +101,7 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
                 for ch in rows[:max_rows]:
                     t.add_row(Text(inert(ch.model)), str(ch.tp_size), str(ch.ep_size), Text(inert(ch.what)),
                               style=style)
-                console.print(t)
+                print_table(console, t)
         moved = list(c.worse) + list(c.better)
         if moved:
             t = Table(title="Worst-rank bytes that moved", title_justify="left", header_style="bold")
@@ -109,7 +110,7 @@ def render_terminal(summary: BatchSummary, console, *, unit: str = "GiB", max_ro
             for ch in moved[:max_rows]:
                 t.add_row(Text(inert(ch.model)), str(ch.tp_size), str(ch.ep_size), _change_sizes(ch, unit),
                           style="red" if ch in c.worse else "green")
-            console.print(t)
+            print_table(console, t)
 
 
 @renderer("batch", "markdown")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._fit import print_table
 from . import renderer
 from ._html import sortable_script
 from ._inert import html as esc, markdown_code as code, markdown_text as prose, terminal as inert
@@ -61,7 +62,7 @@ def render_terminal(report: ScanReport, console, *, show_all: bool = False, **_)
                   str(m.errors), format_bytes(m.replicated_bytes) if m.replicated_bytes is not None else "-",
                   f"{share:.1%}" if share is not None else "-", Text(inert(m.error_families())),
                   str(len(m.unused_rules)), style=style)
-    console.print(t)
+    print_table(console, t)
     if (line := parity_summary(report)) is not None:
         console.print(Text(line, style="bold"))
         for model_type, why in _parity_notes(report):

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ._fit import print_table
 from ..units import format_bytes, format_int, unit_legend
 from . import renderer
 from ._inert import html as _esc, terminal as inert
@@ -144,7 +145,7 @@ def render_terminal(report: SizeReport, console: Console, *, unit: str = "GiB", 
                     _context_cell(o)]
         style = "bold green" if rec is o and not training else ("dim" if not o.valid else "")
         t.add_row(*row, style=style)
-    console.print(t)
+    print_table(console, t)
     console.print(Text("weights, KV, overhead, total: the worst rank; total/N: the naive even split of the weights; "
                        f"max context: the longest context (tokens) whose KV cache for {report.batch} sequence(s) fits "
                        "next to the weights and overhead, (cap): max_position_embeddings limits it first",
@@ -210,7 +211,7 @@ def _render_training_table(report: SizeReport, console: Console, unit: str) -> N
                                                     w.optimizer_bytes, w.activation_budget_bytes, tr.overhead_bytes,
                                                     need)] + [_free(cap, need, unit), mark]
         t.add_row(*row, style="bold green" if rec is o else ("dim" if not o.valid else ""))
-    console.print(t)
+    print_table(console, t)
     try:
         recipe = describe(report.training, dtype)
     except KeyError:  # a quantized or integer model dtype: no per-element recipe to quote

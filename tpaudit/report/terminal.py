@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ._fit import print_table
 from ..model import Report
 from ..units import format_bytes, format_int, plural, unit_legend
 from ._inert import terminal as inert
@@ -194,15 +195,15 @@ def render(report: Report, console: Console, *, unit: str = "GiB", params: str =
     title = f"tpaudit check · {unit_legend(unit)}"
     console.print(Panel(_summary(report, unit), title=title, title_align="left"))
     if report.findings:
-        console.print(_findings_table(report))
+        print_table(console, _findings_table(report))
     else:
         console.print(Text("No findings.", style="green"))
     if report.replicated and report.shard_map.world_size > 1:
-        console.print(_replicated_table(report, unit))
+        print_table(console, _replicated_table(report, unit))
     if params == "all":
-        console.print(_params_table(report, unit, console.width))
+        print_table(console, _params_table(report, unit, console.width))
     elif params == "families":
-        console.print(_families_table(report, unit, FAMILY_ROWS, console.width))
+        print_table(console, _families_table(report, unit, FAMILY_ROWS, console.width))
     if report.unused_rules:
         shown = report.unused_rules[:UNUSED_RULES_SHOWN]
         more = len(report.unused_rules) - len(shown)
