@@ -229,10 +229,15 @@ def test_metadata_fixes_are_judged_by_the_plan_that_holds_them_all():
     f = finding("a.weight_shape")
     group = ("TPA201 a.weight_shape", "TPA201 b.weight_shape")
     before = set(group) | {"TPA102 num_key_value_heads"}
-    merged = FixOption("Add the 2 rule(s) together", 4, together=True)
+    merged = FixOption("Add the 2 rule(s) together", 4, plan_edits=(("a.weight_shape", "replicate"),
+                                                                     ("b.weight_shape", "replicate")), together=True)
     text, offered = together_text(f, Recheck(merged, 0, ()), group, before)
-    assert offered and text == ("Add rule `a.weight_shape: replicate`, with the 1 other metadata rule(s) this report "
+    assert offered and text == ("Add rule `a.weight_shape: replicate`, with the 1 other metadata rule(s) this check "
                                 "proposes (re-checked together with the whole check, load stage included: 0 errors)")
+    # a companion the baseline accepts is not shown: the text says where its rule comes from
+    text, _ = together_text(f, Recheck(merged, 0, ()), group, before, accepted=1)
+    assert text.startswith("Add rule `a.weight_shape: replicate`, with the 1 other metadata rule(s) this check "
+                           "proposes, 1 of them for findings the baseline accepts (re-checked together")
     # the plan clears both and adds nothing: the report's own other error remains, named
     text, offered = together_text(f, Recheck(merged, 1, ("TPA102 num_key_value_heads",)), group, before)
     assert offered and text.endswith("clears all 2 findings and adds no error; 1 other error(s) remain: TPA102 "
@@ -242,9 +247,10 @@ def test_metadata_fixes_are_judged_by_the_plan_that_holds_them_all():
         text, offered = together_text(f, Recheck(merged, 1, ("TPA102 num_key_value_heads", left)), group, before)
         assert not offered and text == (
             "No re-checked alternative is clean: Add rule `a.weight_shape: replicate`, with the 1 other metadata "
-            f"rule(s) this report proposes leaves 2 error(s) ({left}). Keep it whole another way")
+            f"rule(s) this check proposes leaves 2 error(s) ({left}). Keep it whole another way")
     # one finding alone
-    text, offered = together_text(f, Recheck(merged, 1, ("TPA102 num_key_value_heads",)), group[:1], before)
+    alone = FixOption("Add the 1 rule(s) together", 4, plan_edits=(("a.weight_shape", "replicate"),), together=True)
+    text, offered = together_text(f, Recheck(alone, 1, ("TPA102 num_key_value_heads",)), group[:1], before)
     assert offered and text.startswith("Add rule `a.weight_shape: replicate` (re-checked with the whole check, load "
                                        "stage included: clears this finding and adds no error; 1 other")
 
@@ -269,7 +275,7 @@ def test_metadata_replicate_fixes_load_when_applied_as_shown(tmp_path):
     assert {f["target"] for f in errors} == {"model." + k for k in shapes | scales}
     for f in errors:
         key = f["target"].removeprefix("model.")
-        assert f["fix"] == (f"Add rule `{key}: replicate`, with the 8 other metadata rule(s) this report proposes "
+        assert f["fix"] == (f"Add rule `{key}: replicate`, with the 8 other metadata rule(s) this check proposes "
                             "(re-checked together with the whole check, load stage included: 0 errors)")
         assert f["verified"]["together"] == 9 and f["verified"]["clears"] and f["verified"]["exit_code"] == 0
         assert dict(f["verified"]["alternatives"][0]["plan_edits"]) == {k: "replicate" for k in shapes | scales}
@@ -277,6 +283,14 @@ def test_metadata_replicate_fixes_load_when_applied_as_shown(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     fixed_code, fixed = check_json(W8A16, "--tp", "4", "--plan", str(tmp_path / "plan.json"))
     assert fixed_code == 0 and errors_of(fixed) == []
+    # a baseline that accepts all but q_proj's: the one fix shown says its 8 companions belong to accepted findings
+    accepted = dict(report, findings=[f for f in report["findings"] if "q_proj" not in f["target"]])
+    (tmp_path / "baseline.json").write_text(json.dumps(accepted))
+    _, left = check_json(W8A16, "--tp", "4", "--baseline", str(tmp_path / "baseline.json"))
+    [shown] = [f for f in left["findings"] if f["severity"] == "error"]
+    assert shown["target"] == "model.layers.*.self_attn.q_proj.weight_shape"
+    assert ", with the 8 other metadata rule(s) this check proposes, 8 of them for findings the baseline accepts (" \
+        in shown["fix"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------

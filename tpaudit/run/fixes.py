@@ -61,23 +61,28 @@ def fix_text(finding: Finding, results: list[Recheck]) -> str:
     return f"No re-checked alternative is clean: {left}.{rest}"
 
 
-def together_text(finding: Finding, result: Recheck, group: tuple[str, ...], before: set[str]) -> tuple[str, bool]:
+def together_text(finding: Finding, result: Recheck, group: tuple[str, ...], before: set[str],
+                  accepted: int = 0) -> tuple[str, bool]:
     """The fix as shown for a finding whose edit was re-checked with the report's other edits of its kind
-    (`FixOption.together`): `result` is that one re-check, `group` the `CODE target` of every finding it covers,
-    `before` the `CODE target` of the report's errors. Returns `(text, offered)`: offered when the plan clears every
-    finding of the group and adds no error (the report's other errors may remain, and are named)."""
+    (`FixOption.together`): `result` is that one re-check (its option holds every edit), `group` the `CODE target` of
+    every finding it covers, `before` the `CODE target` of the report's errors, `accepted` how many findings of the
+    group a `--baseline` accepts (they are not shown, so the text says where their rules come from). Returns
+    `(text, offered)`: offered when the plan clears every finding of the group and adds no error (the report's other
+    errors may remain, and are named)."""
     option = finding.fix_options[0]
-    others = len(group) - 1
-    with_others = f", with the {others} other metadata rule(s) this report proposes" if others else ""
-    whom = f"all {len(group)} findings" if others else "this finding"
+    others = len(set(result.option.plan_edits) - set(option.plan_edits)) if len(group) > 1 else 0
+    hidden = f", {accepted} of them for findings the baseline accepts" if accepted else ""
+    with_others = f", with the {others} other metadata rule(s) this check proposes{hidden}" if others else ""
+    whom = f"all {len(group)} findings" if len(group) > 1 else "this finding"
+    together = "together " if others else ""
     if result.clean:
-        return (f"{option.label}{with_others} (re-checked {'together ' if others else ''}with the whole check, load "
-                "stage included: 0 errors)"), True
+        return (f"{option.label}{with_others} (re-checked {together}with the whole check, load stage included: 0 "
+                "errors)"), True
     kept = [e for e in result.errors if e in group]
     new = [e for e in result.errors if e not in before]
     if result.exit_code == 1 and not kept and not new:
-        return (f"{option.label}{with_others} (re-checked {'together ' if others else ''}with the whole check, load "
-                f"stage included: clears {whom} and adds no error; {len(result.errors)} other error(s) remain: "
+        return (f"{option.label}{with_others} (re-checked {together}with the whole check, load stage included: "
+                f"clears {whom} and adds no error; {len(result.errors)} other error(s) remain: "
                 f"{_remaining(result.errors)})"), True
     label = f"{option.label}{with_others}"
     left = (f"{label} leaves {len(result.errors)} error(s) ({_remaining(tuple(kept + new) or result.errors)})"
@@ -86,7 +91,8 @@ def together_text(finding: Finding, result: Recheck, group: tuple[str, ...], bef
     return f"No re-checked alternative is clean: {left}.{rest}", False
 
 
-def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_overrides=None, parity: str = "auto"):
+def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_overrides=None, parity: str = "auto",
+                 accepted: frozenset[str] | set[str] | None = None):
     """`report` with every finding that proposes concrete alternatives (`fix_options`) re-checked: each alternative
     is one `Audit.report` on the same built model (a tp/ep size, the plan in force with the edits), the fix text
     keeps the clean ones (or says none is, with what remains), and `verified` records the re-checks. Alternatives
@@ -97,6 +103,8 @@ def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_over
         audit (`Audit`): the pipeline that produced `report`.
         report (`Report`): the checked option.
         sizes (`ParallelSizes`), options (`CheckOptions`), dist_overrides (`dict`), parity (`str`): as the request.
+        accepted (`set[str]`, *optional*): fingerprints (`CODE:target`) a `--baseline` accepts, applied after this:
+            a fix re-checked together with theirs says how many of its companions they are.
 
     Returns:
         A copy of `report` (the same object when no finding proposes alternatives).
@@ -154,7 +162,8 @@ def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_over
             o = f.fix_options[0]
             result = recheck(merged[(o.tp_size, o.ep_size)])
             group = tuple(f"{g.code} {g.target}" for g in groups[(o.tp_size, o.ep_size)])
-            text, offered = together_text(f, result, group, before)
+            hidden = sum(1 for g in groups[(o.tp_size, o.ep_size)] if g is not f and g.fingerprint in (accepted or ()))
+            text, offered = together_text(f, result, group, before, hidden)
             cleared = offered or result.clean
             verified = {"exit_code": result.exit_code, "errors": len(result.errors), "together": len(group),
                         "clears": cleared, "alternatives": [result.to_json()]}

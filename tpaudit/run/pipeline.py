@@ -103,7 +103,7 @@ class Audit:
         from .fixes import verify_fixes
 
         report = verify_fixes(self, report, request.sizes, options=request.options,
-                              dist_overrides=request.dist_overrides, parity=request.parity)
+                              dist_overrides=request.dist_overrides, parity=request.parity, accepted=request.baseline)
         if request.suggest == "always" or (request.suggest == "on_errors" and report.has_errors):
             from ..checks.registry import suggest_actions
             from ..plan.suggest import with_suggestion
