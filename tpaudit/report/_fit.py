@@ -45,10 +45,14 @@ def needed_width(console, table) -> int | None:
 
 
 def print_table(console, table) -> None:
-    """`console.print(table)`, then a dim note when some cell was shortened to fit (see the module)."""
+    """`console.print(table)`, then a dim note when some cell was shortened to fit (see the module). A table whose
+    columns all fold (`overflow="fold"`: a word too long for its column continues on the next line) never shortens a
+    cell, and is not drawn again to find out."""
     from rich.text import Text
 
     console.print(table)
+    if all(column.overflow == "fold" for column in table.columns):
+        return
     need = needed_width(console, table)
     if need is not None:
         console.print(Text(f"(cells above shortened to fit {console.width} columns: --width {need} or --format "

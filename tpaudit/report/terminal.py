@@ -78,8 +78,8 @@ def _summary(report: Report, unit: str) -> Table:
 
 def _findings_table(report: Report) -> Table:
     t = Table(title="Findings", title_justify="left", header_style="bold", show_lines=True)
-    t.add_column("severity")
-    t.add_column("code")
+    t.add_column("severity", overflow="fold")
+    t.add_column("code", overflow="fold")
     t.add_column("message", overflow="fold")
     for f in report.findings[:FINDING_ROWS]:
         body = Text(inert(f.message))
