@@ -83,11 +83,9 @@ def trim_heap() -> None:
     allocation does not come on top of them (the load stage's converters on zeros of real size leave about 100 MiB of
     freed heap resident per family). A no-op where the C library has no `malloc_trim` (macOS, musl)."""
     import ctypes
-    import ctypes.util
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
+    try:  # the C library this process already runs on (no `find_library`, which spawns `ldconfig` each call)
+        ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
 
