@@ -9,7 +9,7 @@ _ELLIPSIS = "…"
 _UNBOUNDED = 10_000  # columns at which no cell of a report's table is shortened (rich would crop past it anyway)
 
 
-def _ellipses(console, table, width: int) -> int:
+def _ellipses(table, width: int) -> int:
     """How many `…` rich draws when it renders `table` `width` columns wide (without colour, into a buffer)."""
     import io
 
@@ -28,16 +28,16 @@ def needed_width(console, table) -> int | None:
     console's width and the table's widest natural width)."""
     from rich.measure import Measurement
 
-    whole = _ellipses(console, table, _UNBOUNDED)  # `…` the data itself holds
-    if _ellipses(console, table, console.width) <= whole:
+    whole = _ellipses(table, _UNBOUNDED)  # `…` the data itself holds
+    if _ellipses(table, console.width) <= whole:
         return None
     low = console.width  # shortens
     high = max(Measurement.get(console, console.options.update_width(_UNBOUNDED), table).maximum, low + 1)
-    if _ellipses(console, table, high) > whole:
+    if _ellipses(table, high) > whole:
         return None  # nothing within reach draws it whole; the note would name no width
     while high - low > 1:
         mid = (low + high) // 2
-        if _ellipses(console, table, mid) > whole:
+        if _ellipses(table, mid) > whole:
             low = mid
         else:
             high = mid

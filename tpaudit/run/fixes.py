@@ -164,9 +164,8 @@ def verify_fixes(audit, report, sizes: ParallelSizes, *, options=None, dist_over
             group = tuple(f"{g.code} {g.target}" for g in groups[(o.tp_size, o.ep_size)])
             hidden = sum(1 for g in groups[(o.tp_size, o.ep_size)] if g is not f and g.fingerprint in (accepted or ()))
             text, offered = together_text(f, result, group, before, hidden)
-            cleared = offered or result.clean
             verified = {"exit_code": result.exit_code, "errors": len(result.errors), "together": len(group),
-                        "clears": cleared, "alternatives": [result.to_json()]}
+                        "clears": offered, "alternatives": [result.to_json()]}
             findings.append(dataclasses.replace(f, fix=text, verified=verified))
             continue
         results = [recheck(o) for o in f.fix_options]
