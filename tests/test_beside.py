@@ -196,6 +196,27 @@ def test_bad_input_met_by_the_child_is_reported_without_waiting_for_the_imports(
     assert cli.returncode == 2 and "gzip data is corrupt" in cli.stderr and len(cli.stderr.splitlines()) == 1
 
 
+def test_a_refusal_that_lands_in_a_finalizer_is_raised_at_the_next_import(tmp_path):
+    # the child's signal arrives while a finalizer runs (CI met it in ZipFile.__del__ while torch imported): Python
+    # swallows what leaves a finalizer and prints its traceback; the refusal must print nothing, stay pending and be
+    # raised at the next import, before the rest of the stand-in (a 30 s sleep) runs
+    bad = tmp_path / "bad.snapshot.json.gz"
+    bad.write_bytes(b"\x1f\x8bnot gzip")
+    mark = tmp_path / "imports-finished"
+    code = ("import os, time\nfrom tpaudit._process import tune_gc\ntune_gc()\nfrom tpaudit.sources.beside import "
+            "read_beside\nclass Slow:\n    def __del__(self):\n        time.sleep(20)\n"
+            "def imports():\n    x = Slow()\n    del x\n    import colorsys\n    time.sleep(30)\n"
+            "    open(%r, 'w').close()\n"
+            "try:\n    read_beside(%r, imports)\n"
+            "except Exception as e:\n    print(type(e).__name__, os.path.exists(%r))\n"
+            "import sys\nprint(sys.unraisablehook is sys.__unraisablehook__, "
+            "any(type(f).__name__ == '_RaisePending' for f in sys.meta_path))\n"
+            % (str(mark), str(bad), str(mark)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=90)
+    assert proc.stdout.split() == ["SnapshotError", "False", "True", "False"], proc.stdout + proc.stderr
+    assert proc.stderr == ""
+
+
 def test_closed_streams_and_a_command_that_never_imports_torch(tmp_path):
     # stdout or stderr closed at start: the exit code still says how the command ended; `main` returning leaves the
     # collector on and inspect as it was, in a process that goes on

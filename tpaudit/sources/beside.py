@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import threading
 from dataclasses import replace
 from operator import itemgetter
@@ -78,11 +79,19 @@ class _Refusal:
     """The child's SIGUSR1 (`_refusing`), installed before the fork: while armed it raises `_Refused` wherever this
     process is (importing torch, most likely), so that bad input is reported at once rather than after the imports;
     one that came before `arm` raises there. The previous handler is put back by `disarm`, once the child has
-    exited."""
+    exited.
+
+    A raise from a signal handler lands in whatever code runs then, a finalizer included (`ZipFile.__del__` while
+    torch imports, met in CI), and Python swallows an exception that leaves a finalizer, printing a traceback to
+    stderr. While armed, this process's `sys.unraisablehook` drops a `_Refused` silently and leaves the refusal
+    pending, and a finder first on `sys.meta_path` raises a pending one at the next import (torch imports hundreds of
+    modules): raised from there, the exception reaches `read_beside`. Where no import comes, nothing is lost but time:
+    the child hands over nothing and this process reads the source itself, meeting the same error."""
 
     def __init__(self):
         self.armed = self.received = False
         self.previous = signal.signal(signal.SIGUSR1, self._handle)
+        self._hook = self._finder = None
 
     def _handle(self, signum, frame):
         self.received = True
@@ -94,10 +103,44 @@ class _Refusal:
         if self.received:
             raise _Refused
         self.armed = True
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        self._finder = _RaisePending(self)
+        sys.meta_path.insert(0, self._finder)
+
+    def _unraisable(self, unraisable) -> None:
+        if isinstance(unraisable.exc_value, _Refused):
+            self.armed = True  # pending: the finder raises it at the next import
+            return
+        (self._hook or sys.__unraisablehook__)(unraisable)
 
     def disarm(self) -> None:
         self.armed = False
         signal.signal(signal.SIGUSR1, self.previous)
+        if self._hook is not None:
+            if sys.unraisablehook == self._unraisable:
+                sys.unraisablehook = self._hook
+            self._hook = None
+        if self._finder is not None:
+            try:
+                sys.meta_path.remove(self._finder)
+            except ValueError:
+                pass
+            self._finder = None
+
+
+class _RaisePending:
+    """A `sys.meta_path` finder that finds nothing; it raises `_Refused` when the child's refusal is pending (see
+    `_Refusal`)."""
+
+    def __init__(self, refusal: _Refusal):
+        self.refusal = refusal
+
+    def find_spec(self, name, path=None, target=None):
+        refusal = self.refusal
+        if refusal.armed and refusal.received:
+            refusal.armed = False
+            raise _Refused
+        return None
 
 
 def _refusing(read: Callable[[], ModelSource]) -> ModelSource:
