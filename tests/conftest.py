@@ -22,9 +22,14 @@ sys.dont_write_bytecode = False
 # Hermetic caches: tpaudit's caches (Hub headers, sibling plans, batch results) live under HF_HOME; a test session
 # gets its own, set before anything (or any CLI subprocess, which inherits it) reads it.
 if "TPAUDIT_TEST_KEEP_HF_HOME" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="tpaudit-tests-hf-home-")
+    # removed when this process (the session, or one xdist worker: each has its own) exits; the CLI children that
+    # inherit it have ended by then
+    atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
     # and its own cache key (tpaudit.sources.cache_key): never the user's ~/.config/tpaudit/cache-key, never a CI's secret
     os.environ["XDG_CONFIG_HOME"] = os.path.join(os.environ["HF_HOME"], "config")
     os.environ.pop("TPAUDIT_CACHE_KEY", None)
