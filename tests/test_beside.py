@@ -6,6 +6,7 @@ itself, and the child must really have done the reading."""
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -231,3 +232,20 @@ def test_closed_streams_and_a_command_that_never_imports_torch(tmp_path):
               "print(gc.isenabled(), inspect._signature_fromstr.__qualname__)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT), timeout=60)
     assert proc.stdout.split() == ["True", "_signature_fromstr"], proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mmap threshold")
+def test_a_tuned_process_gives_freed_large_blocks_back_whatever_was_freed_before():
+    # untuned, freeing a 24 MiB block raises glibc's mmap threshold to 24 MiB (and the heap's trim threshold to 48), so
+    # the next 6 MiB blocks come from the heap and stay resident once freed (30 MiB: not enough to trim); tuned, they
+    # are mapped and unmapped
+    code = ("import os, sys\nfrom tpaudit import _process\nif sys.argv[1] == 'tuned':\n    _process.tune_gc()\n"
+            "def rss():\n    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+            "big = bytearray(24 << 20)\ndel big\nkeep = [bytearray(6 << 20) for _ in range(5)]\n"
+            "before = rss()\ndel keep\nprint((before - rss()) >> 20)\n")
+    freed = {}
+    for mode in ("untuned", "tuned"):
+        proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=str(ROOT),
+                              timeout=60)
+        freed[mode] = int(proc.stdout.strip() or -1)
+    assert freed["untuned"] < 6 and freed["tuned"] >= 28, freed

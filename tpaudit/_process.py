@@ -29,6 +29,15 @@ and frees its copy (the function is put back when the pause ends). The rest of t
 about 2 MiB (a check's peak RSS stays under its figure before this change: `scripts/benchmark.py`); a long-lived
 worker (scan, batch) unfreezes it for its one full collection instead.
 
+**The heap.** glibc serves an allocation above its mmap threshold with its own mapping, returned to the system when
+freed; below it, from the heap, whose freed pages stay resident until trimmed. The threshold starts at 128 KiB and
+rises, up to 32 MiB, to the size of every mapped block freed, so after the first large tensors are freed the next
+ones come from the heap: the load stage's converters on zeros of real size (compressed-tensors' dequantize of a whole
+Kimi-K2.5 expert: tens of MiB of temporaries) then left their heap resident under the next, and a Kimi-K2.5 check
+peaked 70-110 MiB higher than what was alive at once (735-775 MiB, against 665 with the threshold fixed, at tp 8 and
+4; no slower). A tpaudit-owned process fixes the threshold at `MMAP_THRESHOLD` (`mallopt(M_MMAP_THRESHOLD)`, which also
+stops its rise); a no-op outside glibc.
+
 **A folder that shadows the package.** `python -m tpaudit` and `torchrun ... -m tpaudit` put the current directory
 first on `sys.path`, so a folder named `tpaudit` there (a clone of the repository) is imported as the package in
 place of the installed one: a folder without `__init__.py` as an empty namespace package, whose missing `__version__`
@@ -66,6 +75,9 @@ def without_torchrun(environ=None, *also: str) -> dict[str, str]:
 
 _paused = False
 
+MMAP_THRESHOLD = 4 << 20
+"""Bytes above which glibc maps an allocation of its own (see the module docstring; 256 KiB-4 MiB gave one peak)."""
+
 
 _collect_at_resume = False
 
@@ -90,6 +102,17 @@ def trim_heap() -> None:
         pass
 
 
+def fix_mmap_threshold() -> None:
+    """glibc's `mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)`: large allocations are mapped, and unmapped when freed,
+    whatever was freed before (see the module docstring). A no-op where the C library has no `mallopt`."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD, glibc's <malloc.h>
+    except (OSError, AttributeError):
+        pass
+
+
 def tune_gc(long_lived: bool = False) -> None:
     """Set the cyclic collector's thresholds for a tpaudit-owned process, and pause it until the import phase ends
     when torch is not imported yet (see the module docstring). Idempotent.
@@ -99,6 +122,7 @@ def tune_gc(long_lived: bool = False) -> None:
 
     global _paused, _collect_at_resume
     _collect_at_resume = long_lived
+    fix_mmap_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     if "torch" not in sys.modules and gc.isenabled():
         gc.disable()
