@@ -68,6 +68,23 @@ def test_the_child_reads_the_source_and_hands_over_the_same_tensors_and_families
     assert counts["language_model.model.layers.*.mlp.experts.*.gate_proj.weight_packed"] == 60 * 384
 
 
+def test_an_error_the_imports_keep_keeps_none_of_the_childs_bytes():
+    # an optional package's ImportError that the imports keep (transformers keeps some) holds its traceback, and with
+    # it the frames that called the imports, read_beside's included, for the process's life: none of their locals may
+    # be the bytes the child handed over (Kimi-K2.5: 18 MiB of pickled listing)
+    code = ("import sys\nfrom tpaudit._process import tune_gc\ntune_gc()\n"
+            "from tpaudit.sources.beside import read_beside\nkept = []\n"
+            "def imports():\n    try:\n        raise ImportError('optional')\n"
+            "    except ImportError as e:\n        kept.append(e)\n    return 'imported'\n"
+            "source, work = read_beside(sys.argv[1], imports)\n"
+            "frame = kept[0].__traceback__.tb_frame.f_back\n"
+            "print(frame.f_code.co_name, len(source.tensors), "
+            "max([len(v) for v in frame.f_locals.values() if isinstance(v, (bytes, bytearray))], default=0))\n")
+    proc = subprocess.run([sys.executable, "-c", code, KIMI], capture_output=True, text=True, cwd=str(ROOT),
+                          timeout=120)
+    assert proc.stdout.split() == ["read_beside", "208550", "0"], proc.stdout + proc.stderr
+
+
 def test_a_source_the_child_cannot_read_is_read_here_and_fails_with_the_usual_error(tmp_path):
     bad = tmp_path / "bad.snapshot.json"
     bad.write_text(json.dumps({"schema": "tpaudit/snapshot/v1", "config": {"model_type": "llama"},

@@ -63,10 +63,11 @@ def read_beside(ref: str, work: Callable[[], T], *, revision: str | None = None,
             except BaseException:
                 child.cancel()
                 raise
-            data = child.result()
+            # no local of this frame holds the child's bytes (Kimi-K2.5: 18 MiB): an exception the imports raised
+            # and kept (an optional package's ImportError) keeps this frame, and its locals, for the process's life
+            source = _take(child)
         finally:
             refusal.disarm()  # the child is gone: no signal can come any more
-        source = _unpack(data) if data is not None else None
         return (source if source is not None else read()), done
     return read(), work()
 
@@ -173,6 +174,12 @@ def _shared(values) -> list:
     """`values` with equal values as one object (the first seen)."""
     seen: dict = {}
     return [seen.setdefault(v, v) for v in values]
+
+
+def _take(child) -> ModelSource | None:
+    """The source the child handed over (`_process.Beside.result`, unpacked), or `None`."""
+    data = child.result()
+    return _unpack(data) if data is not None else None
 
 
 def _unpack(data: bytes) -> ModelSource | None:
