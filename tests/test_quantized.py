@@ -374,6 +374,33 @@ def test_one_piece_on_zeros_gives_the_load_of_two(ct_moe, bits, tp, ep):
     assert experts and all(f.decompressed for f in experts)
 
 
+def test_a_load_that_fails_leaves_none_of_its_pieces_behind(ct_moe):
+    # tp 4 / ep 4 fails the load on ranks 0-1 (the one-value weight_shape breaks the unpacking): the outcome the memo
+    # keeps for the model's later options must not hold the exception's traceback, whose frames hold the pieces
+    # (Kimi-K2.5: 35 MiB of zeros kept through the rest of its check)
+    import gc
+
+    import torch
+
+    from tpaudit.model import ParallelSizes
+    from tpaudit.run.pipeline import Audit
+
+    def cpu_tensors() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "cpu")
+
+    # a first audit of the option imports what the quantizer imports lazily (its lookup tables are tensors) and makes
+    # the process's device meshes; the second, on a fresh build (an empty memo), runs the operations again
+    Audit.open(str(ct_moe[4])).report(ParallelSizes.of(4, 4), parity="off")
+    before = cpu_tensors()
+    shared = Audit.open(str(ct_moe[4]))
+    for _ in range(2):  # the second time from the memo
+        report = shared.report(ParallelSizes.of(4, 4), parity="off")
+        assert any(f.code == "TPA304" and f.facts["ranks"] == [0, 1] for f in report.findings)
+        del report
+    assert cpu_tensors() == before
+
+
 def test_options_of_one_model_share_the_load_stage(ct_moe):
     # every option of one built model shares the load stage's work that no placement changes (`LoadMemo`): the
     # converter runs once per distinct input (what it sees: each piece's shape, dtype and metadata values), so a
