@@ -4,6 +4,7 @@ many inputs, in whichever supported release is installed; and the capability gat
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 from pathlib import Path
 
@@ -316,6 +317,55 @@ def test_packed_width_fallback_is_transformers_own(bits, width):
     theirs = next(iter(out.values())).shape[-1]
     converter = WeightConverter(list(inputs), ["experts.down_proj"], [op])
     assert loading.packed_width_fallback(converter, packed.shape[-1]) == theirs
+
+
+@pytest.mark.parametrize("bits, width, group", [(4, 64, None), (3, 64, None), (5, 96, None), (4, 64, 32),
+                                                 (3, 64, 32)])
+def test_an_empty_weight_shape_converts_as_the_rebuilt_one(bits, width, group):
+    """The load stage keys a rank's input whose `weight_shape` piece is empty as the input carrying `[rows, rebuilt
+    in_features]` (`shard.load._convert_key`), so the two share one run of the operations: compressed-tensors' MoE
+    decompression must give the same outcome for both (the output's shape and dtype, or the error), whether the
+    rebuilt size is right (4 bits) or wrong (3 bits: 60 of 64, which a group size of 32 then refuses)."""
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from transformers.core_model_loading import WeightConverter
+    from transformers.integrations.compressed_tensors import CompressedTensorsDequantize
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    from tpaudit.compat import loading
+
+    strategy = {"strategy": "group", "group_size": group} if group else {"strategy": "channel"}
+    config = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                  "num_bits": bits, "type": "int", "symmetric": True, "dynamic": False, **strategy}}}}
+    op = CompressedTensorsDequantize(AutoHfQuantizer.from_config(config, pre_quantized=True))
+    rows = 8
+    packed = pack_to_int32(torch.zeros(rows, width, dtype=torch.int8), bits)
+    scale = torch.ones(rows, width // group if group else 1, dtype=torch.bfloat16)
+    rebuilt = loading.packed_width_fallback(WeightConverter(["experts.*.down_proj.weight_packed"],
+                                                            ["experts.down_proj"], [op]), packed.shape[-1])
+
+    class Model:
+        def get_parameter(self, name):
+            return torch.empty(1, dtype=torch.bfloat16, device="meta")
+
+    def outcome(shape: torch.Tensor):
+        inputs = {"experts.*.down_proj.weight_packed": [packed.clone()], "experts.*.down_proj.weight_scale": [scale],
+                  "experts.*.down_proj.weight_shape": [shape]}
+        try:
+            out = op.convert(inputs, source_patterns=list(inputs), target_patterns=["experts.down_proj"],
+                             full_layer_name="x", model=Model())
+        except Exception as e:  # noqa: BLE001 - the error is part of the outcome
+            return type(e).__name__, str(e)
+        return [(tuple(v.shape), v.dtype) for v in out.values()]
+
+    empty = outcome(torch.tensor([], dtype=torch.int32))
+    assert empty == outcome(torch.tensor([rows, rebuilt], dtype=torch.int32))
+    # what each case is there to cover: 32 // bits values a word, so 3 and 5 bits rebuild less than they packed,
+    # and 60 columns are refused by groups of 32
+    assert rebuilt == math.ceil(width * bits / 32) * (32 // bits)
+    refused = group is not None and rebuilt % group != 0
+    assert empty == (("ValueError", empty[1]) if refused else [((1, rows, rebuilt), torch.bfloat16)]), empty
 
 
 def test_a_missing_capability_is_exit_2_naming_transformers(monkeypatch):

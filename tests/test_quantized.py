@@ -374,6 +374,35 @@ def test_one_piece_on_zeros_gives_the_load_of_two(ct_moe, bits, tp, ep):
     assert experts and all(f.decompressed for f in experts)
 
 
+@pytest.mark.parametrize("bits", [3, 4])
+def test_a_rank_with_an_empty_weight_shape_shares_the_run_of_the_input_it_rebuilds(ct_moe, bits):
+    # at tp 4 / ep 4, ranks 2-3 get each expert's weight_shape empty and the converter rebuilds [rows, in] from the
+    # packed width (tests/test_compat_pins.py pins that it then converts as with those values); ranks 0-1 get one
+    # value each, the same one, and fail. After tp 1 (whole experts, the stored [64, 64]), ranks 2-3's input is one
+    # already run at 4 bits (64 rebuilt: one new run per expert family, for ranks 0-1) and a new one at 3 bits (60)
+    from unittest import mock
+
+    from tpaudit.compat import backend
+    from tpaudit.model import ParallelSizes
+    from tpaudit.run.pipeline import Audit
+
+    tf = type(backend())
+    real = tf.load_convert
+    calls: list[str] = []
+
+    def counted(self, renamer, pattern, target, collected, model):
+        calls.append(target)
+        return real(self, renamer, pattern, target, collected, model)
+
+    shared = Audit.open(str(ct_moe[bits]))
+    shared.report(ParallelSizes.of(1, 1), parity="off")
+    with mock.patch.object(tf, "load_convert", counted):
+        report = shared.report(ParallelSizes.of(4, 4), parity="off")
+    runs = {target.rpartition(".")[2]: calls.count(target) for target in calls}
+    assert runs == {"gate_up_proj": 1 if bits == 4 else 2, "down_proj": 1 if bits == 4 else 2}
+    assert report == Audit.open(str(ct_moe[bits])).report(ParallelSizes.of(4, 4), parity="off")
+
+
 def test_a_load_that_fails_leaves_none_of_its_pieces_behind(ct_moe):
     # tp 4 / ep 4 fails the load on ranks 0-1 (the one-value weight_shape breaks the unpacking): the outcome the memo
     # keeps for the model's later options must not hold the exception's traceback, whose frames hold the pieces

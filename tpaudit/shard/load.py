@@ -400,8 +400,7 @@ def _read_rank(tf, renamer, src: _Sources, reader, rank: int, lost_by_pattern: d
                 if not lost_by_pattern[pattern] or lost_by_pattern[pattern][-1][0] != rank:
                     lost_by_pattern[pattern].append((rank, shape))
                     if math.prod(shape) == 0:
-                        rebuilt[pattern].append(_rebuilt(tf, renamer, pattern, spec, src.ordered, src.by_name, reader,
-                                                         src.dtypes, rank))
+                        rebuilt[pattern].append(_rebuilt(tf, renamer, pattern, spec, src, reader, rank))
             if len(kept) < src.keep:
                 kept.append(spec)
                 out.size += math.prod(shape)
@@ -417,7 +416,7 @@ def _convert_rank(tf, renamer, src: _Sources, param_name: str, model, reader, re
     model) holds the outcome per distinct input (`_convert_key`): the pieces are built, and the operations run, only
     for an input not seen before."""
     try:
-        key = _convert_key(src, param_name, reader, read)
+        key = _convert_key(tf, renamer, src, param_name, reader, read)
         if key not in converted:
             collected = {pattern: [t for t in (_piece(reader, s, src.dtypes[s.dtype], src.data) for s in kept)
                                    if t is not None]
@@ -443,7 +442,7 @@ def _piece(reader, spec: SourceSpec, torch_dtype, data: bool):
     return reader.materialize(spec, torch_dtype, data) if reader is not None else _whole(spec, torch_dtype, data)
 
 
-def _convert_key(src: _Sources, param_name: str, reader, read: _RankRead) -> tuple:
+def _convert_key(tf, renamer, src: _Sources, param_name: str, reader, read: _RankRead) -> tuple:
     """Everything the converter's operations see of one rank's input: the converter (its first source pattern), the
     target parameter, whether pieces carry values, and per pattern each piece's local shape, stored dtype and, for
     metadata that carries values (a compressed-tensors `weight_shape`), the values this rank reads. Every other piece
@@ -459,8 +458,17 @@ def _convert_key(src: _Sources, param_name: str, reader, read: _RankRead) -> tup
             torch_dtype = src.dtypes[spec.dtype]
             if spec.values is not None and src.data:
                 t = _piece(reader, spec, torch_dtype, True)
-                if t is not None:
-                    signature.append((tuple(t.shape), spec.dtype, tuple(t.reshape(-1).tolist())))
+                if t is None:
+                    continue
+                values = tuple(t.reshape(-1).tolist())
+                if not values and len(spec.shape) == 1 and spec.shape[0] == 2:
+                    # an empty `weight_shape`: the converter rebuilds `[rows, in]` from the packed piece and goes on
+                    # as with those values (`_fallback_shape`), so the input is keyed as the one that carries them
+                    fallback = _fallback_shape(tf, renamer, pattern, spec, src, reader)
+                    if fallback is not None and len(fallback[0]) == 2:  # `[quant.shape[0], quant.shape[1] * 32 // bits]`
+                        signature.append((tuple(spec.shape), spec.dtype, (fallback[0][0], fallback[1])))
+                        continue
+                signature.append((tuple(t.shape), spec.dtype, values))
                 continue
             shape = reader.local_shape(spec, torch_dtype) if reader is not None else spec.shape
             if shape is not None:
@@ -469,18 +477,31 @@ def _convert_key(src: _Sources, param_name: str, reader, read: _RankRead) -> tup
     return src.first_pattern, param_name, src.data, tuple(pieces)
 
 
-def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, ordered: dict, by_name: dict, reader, dtypes, rank: int):
+def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, src: _Sources, reader, rank: int):
     """`(rank, rebuilt in_features, true in_features)` where a rank's metadata piece is empty and the converter rebuilds
     the input size from its packed sibling's width (compressed-tensors MoE decompression), else `None`."""
-    name = ordered[pattern][spec.tensor_idx].name
-    packed = by_name.get(name[: -len("_shape")] + "_packed")
-    if packed is None or spec.values is None or reader is None:
+    if spec.values is None:
         return None
-    siblings = next((ts for ts in ordered.values() if packed in ts), [packed])
+    fallback = _fallback_shape(tf, renamer, pattern, spec, src, reader)
+    return None if fallback is None else (rank, fallback[1], spec.values[-1])
+
+
+def _fallback_shape(tf, renamer, pattern: str, spec: SourceSpec, src: _Sources, reader) \
+        -> tuple[tuple[int, ...], int] | None:
+    """`(the rank's packed piece's local shape, in_features)` where compressed-tensors' MoE decompression rebuilds the
+    input size because the rank's `weight_shape` piece (`spec`) arrives empty: the packed width times the values per
+    word (`compat.loading.packed_width_fallback`, a copy pinned to transformers' converter by tests/test_compat_pins.py);
+    `None` where the converter rebuilds none, or the rank keeps no packed piece or cannot read it (its read error is
+    reported on its own)."""
+    name = src.ordered[pattern][spec.tensor_idx].name
+    packed = src.by_name.get(name[: -len("_shape")] + "_packed")
+    if packed is None or reader is None:
+        return None
+    siblings = next((ts for ts in src.ordered.values() if packed in ts), [packed])
     local = None
     for idx in range(len(siblings)):  # the packed piece of an expert this rank keeps (all experts are alike)
         try:
-            local = reader.local_shape(SourceSpec(packed.shape, packed.dtype, idx), dtypes[packed.dtype])
+            local = reader.local_shape(SourceSpec(packed.shape, packed.dtype, idx), src.dtypes[packed.dtype])
         except LoadStepError:
             return None
         if local is not None:
@@ -488,7 +509,7 @@ def _rebuilt(tf, renamer, pattern: str, spec: SourceSpec, ordered: dict, by_name
     if not local:
         return None
     width = tf.packed_width_fallback(renamer, pattern, local[-1])
-    return None if width is None else (rank, width, spec.values[-1])
+    return None if width is None else (tuple(local), width)
 
 
 def _whole(spec: SourceSpec, torch_dtype, data: bool):
