@@ -34,9 +34,9 @@ freed; below it, from the heap, whose freed pages stay resident until trimmed. T
 rises, up to 32 MiB, to the size of every mapped block freed, so after the first large tensors are freed the next
 ones come from the heap: the load stage's converters on zeros of real size (compressed-tensors' dequantize of a whole
 Kimi-K2.5 expert: tens of MiB of temporaries) then left their heap resident under the next, and a Kimi-K2.5 check
-peaked 70-110 MiB higher than what was alive at once (735-775 MiB, against 665 with the threshold fixed, at tp 8 and
-4; no slower). A tpaudit-owned process fixes the threshold at `MMAP_THRESHOLD` (`mallopt(M_MMAP_THRESHOLD)`, which also
-stops its rise); a no-op outside glibc.
+peaked 70-110 MiB higher than what was alive at once. A tpaudit-owned process fixes the threshold at `MMAP_THRESHOLD`
+(`mallopt(M_MMAP_THRESHOLD)`, which also stops its rise): the kernel then hands out fresh pages for each large
+tensor, about 1% of that check's wall time (`scripts/benchmark.py`, README). A no-op outside glibc.
 
 **A folder that shadows the package.** `python -m tpaudit` and `torchrun ... -m tpaudit` put the current directory
 first on `sys.path`, so a folder named `tpaudit` there (a clone of the repository) is imported as the package in
