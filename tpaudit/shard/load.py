@@ -445,8 +445,10 @@ def _piece(reader, spec: SourceSpec, torch_dtype, data: bool):
 def _convert_key(tf, renamer, src: _Sources, param_name: str, reader, read: _RankRead) -> tuple:
     """Everything the converter's operations see of one rank's input: the converter (its first source pattern), the
     target parameter, whether pieces carry values, and per pattern each piece's local shape, stored dtype and, for
-    metadata that carries values (a compressed-tensors `weight_shape`), the values this rank reads. Every other piece
-    is zeros or a meta tensor, so two inputs with one key give one outcome; only the small metadata pieces are built.
+    metadata that carries values (a compressed-tensors `weight_shape`), the values this rank reads; an empty
+    `weight_shape` counts as the `[rows, in]` the converter rebuilds in its place (`_fallback_shape`; that the two
+    convert alike is pinned by tests/test_compat_pins.py). Every other piece is zeros or a meta tensor, so two inputs
+    with one key give one outcome; only the small metadata pieces are built.
 
     Raises:
         LoadStepError: the rank's shard-on-read of a piece raises.
