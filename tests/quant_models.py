@@ -92,12 +92,14 @@ KIMI_LIKE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_inte
 
 def compressed_tensors_moe(out: Path, bits: int = 4, group: int = 32,
                            ignore: tuple[str, ...] = ("lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
-                                                      "re:.*mlp\\.(gate|up|gate_up|down)_proj.*")) -> Path:
+                                                      "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"),
+                           shape_dtype: str = "int32") -> Path:
     """A tiny DeepSeek-V3 stored as Kimi-K2.5 stores its routed experts: per expert and projection, compressed-tensors
     `weight_packed` (int32, packed by compressed-tensors' own `pack_to_int32`), `weight_scale` (bfloat16, one per
     `group` inputs) and `weight_shape` (int32 `[out, in]`); the quantization_config of Kimi-K2.5 (int, symmetric,
     group strategy, `targets: ["Linear"]`, ignoring attention, shared experts and dense MLPs). Every other tensor is
-    the model's own bfloat16 weight."""
+    the model's own bfloat16 weight. `shape_dtype="int64"`: `weight_shape` as compressed-tensors' own compressor
+    writes it (`torch.tensor(weight.shape)`), which safetensors stores ahead of the int32 words (by alignment)."""
     import torch
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from safetensors.torch import save_file
@@ -118,7 +120,7 @@ def compressed_tensors_moe(out: Path, bits: int = 4, group: int = 32,
                 q = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (o, i), dtype=torch.int8)
                 tensors[base + ".weight_packed"] = pack_to_int32(q, bits).contiguous()
                 tensors[base + ".weight_scale"] = torch.full((o, i // group), 0.01, dtype=torch.bfloat16)
-                tensors[base + ".weight_shape"] = torch.tensor([o, i], dtype=torch.int32)
+                tensors[base + ".weight_shape"] = torch.tensor([o, i], dtype=getattr(torch, shape_dtype))
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     doc = config.to_dict()

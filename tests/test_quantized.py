@@ -222,6 +222,33 @@ def test_ct_moe_weight_shape_lost_under_ep(ct_moe, bits):
         assert any(f.facts["ranks"] == [2, 3] and "60" in f.facts["error"] for f in failing)
 
 
+def test_an_int64_weight_shape_gives_the_verdict_of_an_int32_one(ct_moe, tmp_path):
+    # compressed-tensors' own compressor writes weight_shape as int64, which safetensors stores first, so its pattern
+    # comes first among the experts' sources; at tp 4 / ep 4 it reaches ranks 2-3 for all 4 experts while they hold 1
+    # packed expert, and CompressedTensorsDequantize stacks the packed ones (zip(quantized, scales)): ranks 2-3 load
+    # [1, 64, 64], as with int32. Only ranks 0-1 fail (the one-value shape breaks the unpacking)
+    import struct
+
+    from quant_models import compressed_tensors_moe
+
+    wide = compressed_tensors_moe(tmp_path / "int64", bits=4, shape_dtype="int64")
+    with open(wide / "model.safetensors", "rb") as f:  # the precondition: the int64 metadata is stored first
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    start = {name.rpartition(".")[2]: entry["data_offsets"][0] for name, entry in header.items()
+             if ".mlp.experts.0.down_proj." in name}
+    assert start["weight_shape"] < start["weight_packed"], start
+
+    def errors(path) -> list:
+        report = audit(str(path), tp=4, ep=4)
+        return sorted((f.code, f.target, tuple(f.facts.get("ranks", ()))) for f in report.findings
+                      if f.severity == "error")
+
+    int32 = errors(ct_moe[4])
+    assert errors(wide) == int32
+    failing = [e for e in int32 if e[0] == "TPA304"]
+    assert failing and all(ranks == (0, 1) for _, _, ranks in failing), failing
+
+
 def test_a_config_that_quantizes_modules_the_checkpoint_stores_plain(tmp_path):
     """The Kimi-like MoE with `re:.*shared_experts.*` dropped from `ignore`: its `targets: ["Linear"]` now cover the
     shared experts, which the checkpoint stores as plain bf16 `weight`s. transformers' own load (one process, with

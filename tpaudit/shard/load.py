@@ -282,6 +282,15 @@ class _Sources:
         """Pieces per pattern the operations run on: `KEEP_DATA` on zeros of the real size, else `KEEP`."""
         return KEEP_DATA if self.data else KEEP
 
+    @property
+    def counted_pattern(self) -> str:
+        """The pattern whose count of pieces on a rank is the count the operations stack: the first whose pieces carry
+        no values. Metadata that carries values (a compressed-tensors `weight_shape`) can reach a rank for experts it
+        does not hold (1-D, read with the dense path of the experts' Shard(0)), and `CompressedTensorsDequantize`
+        iterates the packed pieces (`zip(quantized, scales)`), not the shapes; the patterns' order is the checkpoint's,
+        and compressed-tensors' own compressor writes `weight_shape` as int64, which safetensors stores first."""
+        return next((p for p, ss in self.specs.items() if all(s.values is None for s in ss)), next(iter(self.specs)))
+
     @classmethod
     def of(cls, tf, built, rep: ParamShard, mapping) -> "_Sources":
         from ..compat.loading import natural_key
@@ -352,7 +361,7 @@ def _simulate_family(tf, built, members: list[ParamShard], mapping, shard_map: S
             results[r] = _convert_rank(tf, renamer, src, rep.name, built.model, reader, read, memo.converted)
 
     issues = _issues(rep, results, lost_by_pattern, rebuilt, src.ordered, shard_map, " -> ".join(operations),
-                     src.keep)
+                     src.keep, src.counted_pattern)
     # decompressed: the quantizer's dequantize operation runs on tensors stored in a quantized dtype (integer words,
     # float8/float4); a float tensor passing through the same generic converter (an embedding) is only cast
     decompressed = src.first_pattern in renamer.dequantizing and any(
@@ -536,11 +545,11 @@ def _expected(rep: ParamShard, key: str, shard_map: ShardMap, out_keys) -> Param
 
 
 def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict, ordered: dict,
-            shard_map: ShardMap, operations: str, keep: int = KEEP) -> list[LoadIssue]:
+            shard_map: ShardMap, operations: str, keep: int = KEEP, counted: str | None = None) -> list[LoadIssue]:
     """One family's `LoadIssue`s, ranks grouped by what went wrong: a step that raises, a converted shard whose shape
     is not the parameter's local shape (`operations`: the converter's, for the message; `keep`: the pieces per
-    pattern they ran on, so a rank that read more is compared by its count of pieces), metadata a rank read only part
-    of."""
+    pattern they ran on, so a rank that read more is compared by its count of pieces of pattern `counted`, default
+    the first: `_Sources.counted_pattern`), metadata a rank read only part of."""
     grouped: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     details: dict[tuple, dict] = {}
     key: tuple[Any, ...]
@@ -552,7 +561,7 @@ def _issues(rep: ParamShard, results: dict, lost_by_pattern: dict, rebuilt: dict
             continue
         out, counts = detail, extra
         truncated = any(n > keep for n in counts.values())
-        first_count = next(iter(counts.values())) if counts else 0
+        first_count = counts[counted] if counted in counts else next(iter(counts.values()), 0)
         for key_name, shape in out.items():
             target = _expected(rep, key_name, shard_map, list(out))
             if target is None:
