@@ -196,21 +196,28 @@ def test_a_long_lived_worker_frees_the_import_garbage_the_signature_wrapper_froz
     assert proc.stdout.split() == [freed], proc.stdout + proc.stderr
 
 
-def test_bad_input_met_by_the_child_is_reported_without_waiting_for_the_imports(tmp_path):
-    # the work beside (the imports, here a minute's sleep) is cut short when the child meets bad input: the error the
-    # source gives is raised at once, with its usual message
+def _refused_beside(tmp_path, imports: str, after: str = "") -> tuple[list[str], str]:
+    """A tuned process reading a corrupt snapshot beside `imports` (the body of a stand-in for the imports, which
+    leaves a mark when it ends: none means it was cut short, whatever the machine's speed), then running `after`:
+    `(stdout words, stderr)`, the first two words the error's type and whether the mark exists."""
     bad = tmp_path / "bad.snapshot.json.gz"
     bad.write_bytes(b"\x1f\x8bnot gzip")
-    # (the stand-in leaves a mark when its sleep ends: none means it was cut short, whatever the machine's speed)
     mark = tmp_path / "imports-finished"
     code = ("import os, time\nfrom tpaudit._process import tune_gc\ntune_gc()\nfrom tpaudit.sources.beside import "
-            "read_beside\ndef imports():\n    time.sleep(30)\n    open(%r, 'w').close()\n"
-            "try:\n    read_beside(%r, imports)\n"
-            "except Exception as e:\n    print(type(e).__name__, os.path.exists(%r))\n"
-            % (str(mark), str(bad), str(mark)))
+            "read_beside\nclass Slow:\n    def __del__(self):\n        time.sleep(20)\n"
+            f"def imports():\n{imports}    open({str(mark)!r}, 'w').close()\n"
+            f"try:\n    read_beside({str(bad)!r}, imports)\n"
+            f"except Exception as e:\n    print(type(e).__name__, os.path.exists({str(mark)!r}))\n{after}")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=90)
-    assert proc.stdout.split() == ["SnapshotError", "False"], proc.stdout + proc.stderr
-    cli = run_cli("check", str(bad), "--tp", "2")
+    return proc.stdout.split(), proc.stderr
+
+
+def test_bad_input_met_by_the_child_is_reported_without_waiting_for_the_imports(tmp_path):
+    # the work beside (the imports, here a 30 s sleep) is cut short when the child meets bad input: the error the
+    # source gives is raised at once, with its usual message
+    words, stderr = _refused_beside(tmp_path, "    time.sleep(30)\n")
+    assert words == ["SnapshotError", "False"], (words, stderr)
+    cli = run_cli("check", str(tmp_path / "bad.snapshot.json.gz"), "--tp", "2")
     assert cli.returncode == 2 and "gzip data is corrupt" in cli.stderr and len(cli.stderr.splitlines()) == 1
 
 
@@ -218,21 +225,12 @@ def test_a_refusal_that_lands_in_a_finalizer_is_raised_at_the_next_import(tmp_pa
     # the child's signal arrives while a finalizer runs (CI met it in ZipFile.__del__ while torch imported): Python
     # swallows what leaves a finalizer and prints its traceback; the refusal must print nothing, stay pending and be
     # raised at the next import, before the rest of the stand-in (a 30 s sleep) runs
-    bad = tmp_path / "bad.snapshot.json.gz"
-    bad.write_bytes(b"\x1f\x8bnot gzip")
-    mark = tmp_path / "imports-finished"
-    code = ("import os, time\nfrom tpaudit._process import tune_gc\ntune_gc()\nfrom tpaudit.sources.beside import "
-            "read_beside\nclass Slow:\n    def __del__(self):\n        time.sleep(20)\n"
-            "def imports():\n    x = Slow()\n    del x\n    import colorsys\n    time.sleep(30)\n"
-            "    open(%r, 'w').close()\n"
-            "try:\n    read_beside(%r, imports)\n"
-            "except Exception as e:\n    print(type(e).__name__, os.path.exists(%r))\n"
-            "import sys\nprint(sys.unraisablehook is sys.__unraisablehook__, "
-            "any(type(f).__name__ == '_RaisePending' for f in sys.meta_path))\n"
-            % (str(mark), str(bad), str(mark)))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=90)
-    assert proc.stdout.split() == ["SnapshotError", "False", "True", "False"], proc.stdout + proc.stderr
-    assert proc.stderr == ""
+    words, stderr = _refused_beside(
+        tmp_path, "    x = Slow()\n    del x\n    import colorsys\n    time.sleep(30)\n",
+        after="import sys\nprint(sys.unraisablehook is sys.__unraisablehook__, "
+              "any(type(f).__name__ == '_RaisePending' for f in sys.meta_path))\n")
+    assert words == ["SnapshotError", "False", "True", "False"], (words, stderr)
+    assert stderr == ""
 
 
 def test_closed_streams_and_a_command_that_never_imports_torch(tmp_path):

@@ -94,21 +94,22 @@ def trim_heap() -> None:
     """glibc's `malloc_trim(0)`: give the heap pages freed since back to the system, so the next large transient
     allocation does not come on top of them (the load stage's converters on zeros of real size leave about 100 MiB of
     freed heap resident per family). A no-op where the C library has no `malloc_trim` (macOS, musl)."""
-    import ctypes
-
-    try:  # the C library this process already runs on (no `find_library`, which spawns `ldconfig` each call)
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    _libc_call("malloc_trim", 0)
 
 
 def fix_mmap_threshold() -> None:
     """glibc's `mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)`: large allocations are mapped, and unmapped when freed,
     whatever was freed before (see the module docstring). A no-op where the C library has no `mallopt`."""
+    _libc_call("mallopt", -3, MMAP_THRESHOLD)  # -3: M_MMAP_THRESHOLD, glibc's <malloc.h>
+
+
+def _libc_call(name: str, *args: int) -> None:
+    """`name(*args)` of the C library this process already runs on (`ctypes.CDLL(None)`: no `find_library`, which
+    spawns `ldconfig` each call); nothing where the library has no such function (macOS, musl)."""
     import ctypes
 
     try:
-        ctypes.CDLL(None).mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD, glibc's <malloc.h>
+        getattr(ctypes.CDLL(None), name)(*args)
     except (OSError, AttributeError):
         pass
 
